@@ -1,0 +1,1 @@
+"""ComfyUI node pack. Imports ComfyUI lazily, only when ComfyUI loads the pack."""

@@ -1,0 +1,1 @@
+"""Subcommands of the `h3director` command line tool, one module each."""

@@ -1,0 +1,1 @@
+"""Memory truth: devices, monitor, guard, pool, shared store, fragmentation, OOM diagnosis, config."""

@@ -1,0 +1,30 @@
+"""The project's one definition of fragmentation.
+
+    fragmentation = 1 - largest_free_run / total_free        (0.0 when nothing is free)
+
+0 means all free memory is one contiguous run (no fragmentation); values near 1 mean the free
+memory is scattered in runs far smaller than the total. The slot pool, the native arena and the
+reading of PyTorch's CUDA caching allocator all report this number, so they can be compared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def fragmentation(free_run_sizes: Iterable[int]) -> float:
+    """Fragmentation of a heap whose free runs have the given sizes (any unit, usually bytes).
+
+    Returns a float in [0, 1): ``1 - max(runs) / sum(runs)``, and 0.0 when there is no free memory.
+    Zero-sized runs are ignored; negative sizes are a caller bug and raise `ValueError`.
+    """
+    total = 0
+    largest = 0
+    for size in free_run_sizes:
+        if size < 0:
+            raise ValueError(f"free run size must be >= 0, got {size}")
+        total += size
+        largest = max(largest, size)
+    if total == 0:
+        return 0.0
+    return 1.0 - largest / total

@@ -1,0 +1,1 @@
+"""Adapters to real frameworks (diffusers, ComfyUI). The only layer that imports them."""

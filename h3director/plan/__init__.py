@@ -1,0 +1,1 @@
+"""Estimators and planners: bytes for weights, activations, decode and host buffers; recommendations."""

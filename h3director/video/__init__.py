@@ -1,0 +1,1 @@
+"""Streaming decode scheduler, sinks, tiled spatial ops and frame ops. Knows nothing of VAEs."""
