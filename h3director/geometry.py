@@ -80,32 +80,202 @@ class TemporalGeometry:
     def frames_for_latents(self, latent_frames: int) -> int:
         """Pixel frames the reference decoder returns for `latent_frames` latent frames.
 
-        Follows diffusers' `_decode` for every length >= 3 (on and off the 5n+2 grid). For 1 and 2
-        latent frames diffusers raises; ComfyUI pads one extra clip, and so do we: see
-        `reference_clip_count`.
+        Follows diffusers' `_decode` for every length >= 3 (on and off the 5n+2 grid) and ComfyUI's
+        `MiniMaxH3VideoVAE.decode` for the shortest ones (1 -> 1 frame, 2 -> 5 frames), where
+        diffusers raises: see `decode_schedule`.
         """
-        if latent_frames < 1:
-            raise InvalidInputError(f"latent frame count must be >= 1, got {latent_frames}")
-        num_tokens = latent_frames + self.token_drop
-        pad_tokens = (-num_tokens) % self.tokens_chunk_size
-        chunks = self.reference_clip_count(latent_frames)
-        full = chunks * (self.clip_length) + (self.frame_overlap if self.token_drop > 0 else 0)
-        return full - self.pad_frames(latent_frames, pad_tokens)
+        return self.decode_schedule(latent_frames).frames
 
     def reference_clip_count(self, latent_frames: int) -> int:
         """Decoder clips for `latent_frames`; at least one (ComfyUI's rule for 1-2 latent frames)."""
-        num_tokens = latent_frames + self.token_drop
-        pad_tokens = (-num_tokens) % self.tokens_chunk_size
-        chunks = (num_tokens + pad_tokens) // self.tokens_chunk_size - int(self.token_drop > 0)
-        return max(chunks, 1)
+        return len(self.decode_schedule(latent_frames).clips)
 
     def pad_frames(self, latent_frames: int, pad_tokens: int) -> int:
-        """Trailing pixel frames produced by `pad_tokens` repeated latent frames (cut after decode)."""
+        """Trailing pixel frames produced by `pad_tokens` copies of the last latent frame (cut after decode).
+
+        `latent_frames` is the length before padding. A chunk's last latent frame covers only
+        `clip_length % temporal_ratio` pixel frames, every other one `temporal_ratio`.
+        """
         intra_tail = self.clip_length % self.temporal_ratio
         return sum(
             intra_tail if intra_tail and (latent_frames + k) % self.tokens_chunk_size == 0 else self.temporal_ratio
             for k in range(pad_tokens)
         )
+
+    def padding_tokens(self, latent_frames: int) -> tuple[int, int]:
+        """`(pad_tokens, clip_count)` for `latent_frames` >= 2, the references' temporal chunking.
+
+        diffusers and ComfyUI agree for >= 3 latent frames. Below one clip's worth (2 latent frames)
+        diffusers decodes no clip at all and fails; ComfyUI pads one more chunk of copies of the last
+        latent frame (`_decode_temporal_chunks`), which is the rule followed here.
+        """
+        num_tokens = latent_frames + self.token_drop
+        pad_tokens = (-num_tokens) % self.tokens_chunk_size
+        clips = (num_tokens + pad_tokens) // self.tokens_chunk_size - int(self.token_drop > 0)
+        if clips < 1:
+            pad_tokens += self.tokens_chunk_size
+            clips += 1
+        return pad_tokens, clips
+
+    def decode_schedule(self, latent_frames: int) -> DecodeSchedule:
+        """The clip-by-clip decode plan for `latent_frames` latent frames (see `DecodeSchedule`).
+
+        Reproduces the references step for step. For >= 2 latent frames: append `pad_tokens` copies
+        of the last latent frame; clip i decodes padded latents
+        ``[i * tokens_chunk_size, i * tokens_chunk_size + tokens_chunk_size + token_overlap)``; of its
+        decoded frames, ``[frame_pre_padding, chunk)`` is the body (chunk = tokens_chunk_size *
+        temporal_ratio) and ``[chunk + frame_pre_padding, 2 * chunk)`` the tail; each body after the
+        first is cross-faded with the previous clip's tail over `frame_overlap` frames; the last
+        clip's tail follows the last body; the trailing frames made by the padding are cut.
+        For 1 latent frame (ComfyUI's `decode` special case): decode it alone and keep only the last
+        decoded frame.
+        """
+        if latent_frames < 1:
+            raise InvalidInputError(f"latent frame count must be >= 1, got {latent_frames}")
+        if latent_frames == 1:
+            clip = ClipStep(index=0, latent_start=0, latent_stop=1, body_start=self.temporal_ratio - 1,
+                            body_stop=self.temporal_ratio, tail_start=0, tail_stop=0, blend_frames=0, out_start=0)
+            return DecodeSchedule(latent_frames=1, pad_tokens=0, clips=(clip,), frames=1, frame_overlap=0)
+
+        pad_tokens, clip_count = self.padding_tokens(latent_frames)
+        padded = latent_frames + pad_tokens
+        chunk = self.tokens_chunk_size * self.temporal_ratio
+        has_tail = self.token_drop > 0
+        clips = []
+        out_start = 0
+        previous_tail = 0
+        for index in range(clip_count):
+            latent_start = index * self.tokens_chunk_size
+            latent_stop = min(latent_start + self.tokens_chunk_size + self.token_overlap, padded)
+            decoded = max(latent_stop - latent_start, 0) * self.temporal_ratio
+            body_start = min(self.frame_pre_padding, min(chunk, decoded))
+            body_stop = min(chunk, decoded)
+            tail_start = tail_stop = 0
+            if has_tail:
+                tail_stop = min(2 * chunk, decoded)
+                tail_start = min(chunk + self.frame_pre_padding, max(tail_stop, chunk))
+                tail_stop = max(tail_stop, tail_start)
+            body = body_stop - body_start
+            blend = min(previous_tail, body, self.frame_overlap) if index > 0 and has_tail else 0
+            clips.append(ClipStep(index=index, latent_start=latent_start, latent_stop=latent_stop,
+                                  body_start=body_start, body_stop=body_stop, tail_start=tail_start,
+                                  tail_stop=tail_stop, blend_frames=blend, out_start=out_start))
+            out_start += body
+            previous_tail = tail_stop - tail_start
+        raw_frames = out_start + (previous_tail if has_tail else 0)
+        frames = raw_frames - self.pad_frames(latent_frames, pad_tokens)
+        return DecodeSchedule(latent_frames=latent_frames, pad_tokens=pad_tokens, clips=tuple(clips),
+                              frames=frames, frame_overlap=self.frame_overlap if has_tail else 0)
+
+
+@dataclass(frozen=True)
+class ClipStep:
+    """One decoder call of a temporal decode schedule. Frame indices are half-open ranges.
+
+    `latent_start:latent_stop` index the PADDED latent sequence (`DecodeSchedule.pad_tokens` copies
+    of the last latent frame appended). The decoder returns `(latent_stop - latent_start) *
+    temporal_ratio` frames for the clip; of those, `body_start:body_stop` become output frames
+    starting at `out_start` (the first `blend_frames` of them cross-faded with the previous clip's
+    tail), and `tail_start:tail_stop` are kept for the next clip's cross-fade (or appended after the
+    last body). Invariant: once this clip is decoded, output frames `[out_start, out_start + body)`
+    are final.
+    """
+
+    index: int
+    latent_start: int
+    latent_stop: int
+    body_start: int
+    body_stop: int
+    tail_start: int
+    tail_stop: int
+    blend_frames: int
+    out_start: int
+
+    @property
+    def latent_length(self) -> int:
+        """Latent frames this clip decodes."""
+        return self.latent_stop - self.latent_start
+
+    @property
+    def body_length(self) -> int:
+        """Output frames this clip's body contributes."""
+        return self.body_stop - self.body_start
+
+    @property
+    def tail_length(self) -> int:
+        """Frames kept for the cross-fade with the next clip (0 when the decoder has no overlap)."""
+        return self.tail_stop - self.tail_start
+
+    @property
+    def out_stop(self) -> int:
+        """One past the last output frame of this clip's body (before the final trim)."""
+        return self.out_start + self.body_length
+
+
+@dataclass(frozen=True)
+class DecodeSchedule:
+    """The whole temporal decode plan of a latent video: what each clip decodes and what becomes final.
+
+    `frames` is the output length after the padding frames are cut; `frame_overlap` the nominal
+    cross-fade length (the actual one per clip is `ClipStep.blend_frames`, as the reference's
+    `min(tail, body, frame_overlap)`). `stateful`: clips must be decoded in order from the first
+    (a causal decoder's cache); otherwise each clip depends on its own latents only.
+    """
+
+    latent_frames: int
+    pad_tokens: int
+    clips: tuple[ClipStep, ...]
+    frames: int
+    frame_overlap: int
+    stateful: bool = False
+
+    @property
+    def padded_latent_frames(self) -> int:
+        """Latent frames after appending the `pad_tokens` copies of the last one."""
+        return self.latent_frames + self.pad_tokens
+
+    def final_range(self, clip: ClipStep) -> tuple[int, int]:
+        """Output frames `[start, stop)` that become final when `clip` is decoded (clipped to `frames`).
+
+        The body of every clip; for the last clip also its tail, which follows the body.
+        """
+        stop = clip.out_stop
+        if clip.index == len(self.clips) - 1:
+            stop += clip.tail_length
+        return min(clip.out_start, self.frames), min(stop, self.frames)
+
+    def first_clip_for(self, done_frames: int) -> int:
+        """The first clip to decode when output frames `[0, done_frames)` already exist (a resumed job).
+
+        The first clip with a frame still missing, or the one before it when its body is cross-faded
+        with that clip's tail; 0 for stateful (causal) decoders, whose state needs every earlier
+        clip; `len(clips)` when nothing is missing.
+        """
+        if self.stateful:
+            return 0
+        for clip in self.clips:
+            if self.final_range(clip)[1] > done_frames:
+                return clip.index - 1 if clip.index and clip.blend_frames else clip.index
+        return len(self.clips)
+
+
+def causal_schedule(latent_frames: int, temporal_ratio: int) -> DecodeSchedule:
+    """One clip per latent frame for causal decoders with a feature cache (Wan-style VAEs).
+
+    Latent frame 0 decodes to 1 pixel frame, every later one to `temporal_ratio` frames; no overlap,
+    no cross-fade, no padding: ``1 + temporal_ratio * (latent_frames - 1)`` frames.
+    """
+    if latent_frames < 1:
+        raise InvalidInputError(f"latent frame count must be >= 1, got {latent_frames}")
+    clips = []
+    out_start = 0
+    for index in range(latent_frames):
+        produced = 1 if index == 0 else temporal_ratio
+        clips.append(ClipStep(index=index, latent_start=index, latent_stop=index + 1, body_start=0,
+                              body_stop=produced, tail_start=0, tail_stop=0, blend_frames=0, out_start=out_start))
+        out_start += produced
+    return DecodeSchedule(latent_frames=latent_frames, pad_tokens=0, clips=tuple(clips), frames=out_start,
+                          frame_overlap=0, stateful=True)
 
 
 H3_TEMPORAL = TemporalGeometry()

@@ -13,3 +13,26 @@ def _seed_torch():
 
     torch.manual_seed(0)
     yield
+
+
+# Small random-initialised configs of the real diffusers VAEs (h3director.integrations.tiny), built
+# once per session. Tests that change a model setting (tiling, slicing) must restore it.
+@pytest.fixture(scope="session")
+def tiny_h3():
+    from h3director.integrations.tiny import tiny_h3_vae
+
+    return tiny_h3_vae(seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_wan():
+    from h3director.integrations.tiny import tiny_wan_vae
+
+    return tiny_wan_vae(seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_h3_audio():
+    from h3director.integrations.tiny import tiny_h3_audio_vae
+
+    return tiny_h3_audio_vae(seed=0)

@@ -64,6 +64,14 @@ class FrameSink(ABC):
         """Store decoded audio `[B, channels, samples]` (float, [-1, 1]); only for `supports_audio` sinks."""
         raise NotImplementedError(f"{type(self).__name__} does not take audio")
 
+    def resume_from(self) -> int:
+        """Frames (from the start) already stored by an earlier, interrupted run; valid after `begin`.
+
+        0 unless the sink resumed partial output (`MemmapSink(resume=True)`). A scheduler may skip
+        clips whose frames all lie before this index; frames it writes again anyway are ignored.
+        """
+        return 0
+
     def bytes_needed(self, spec: StreamSpec) -> int:
         """Bytes of host memory this sink holds at its peak for `spec` (used by the preflight)."""
         return 0
@@ -73,4 +81,8 @@ class FrameSink(ABC):
         """All frames written: commit and return the result (tensor, array, path)."""
 
     def abort(self) -> None:
-        """Decoding failed: release buffers and remove temporary files. Never touches committed output."""
+        """Decoding failed: release buffers and remove temporary files. Never touches committed output.
+
+        The base sink holds nothing, so there is nothing to drop.
+        """
+        return None

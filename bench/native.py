@@ -1,0 +1,320 @@
+"""Native core benchmark: frame packing, GGUF dequantisation and the arena, ratios in one run.
+
+    .venv/bin/python bench/native.py [--frames 24 --height 768 --width 1344] [--values 4194304]
+
+1. pack_frames vs the PyTorch multi-op expression on float32 [C=3, F, H, W] decoder output
+   (ImageNet de-normalisation), time (median of --repeats) and extra peak RSS during the call,
+   each variant in its own subprocess so peaks do not mix.
+2. dequantize vs gguf.quants.dequantize for every supported type (realistic blocks, float32 out),
+   and the C time as a multiple of a plain memcpy of the same output bytes.
+3. Arena lease/release vs malloc/free for a decode buffer pattern (per clip: one float32 clip
+   buffer, one uint8 frame buffer, four small buffers), at the C level (both through ctypes) and
+   at the Python level (Arena.lease + numpy view vs np.empty, with the buffers' pages written).
+Prints markdown tables; absolute times are this machine's, the ratios are the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+
+import numpy as np
+import torch
+
+from h3director import native
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+
+
+def _times(fn: Callable[[], object], repeats: int) -> list[float]:
+    fn()  # warm-up (first-touch page faults, lazy initialisation)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def median_seconds(fn: Callable[[], object], repeats: int) -> float:
+    return statistics.median(_times(fn, repeats))
+
+
+def best_seconds(fn: Callable[[], object], repeats: int) -> float:
+    """Fastest of `repeats` runs: for millisecond kernels on a shared machine, the least disturbed one."""
+    return min(_times(fn, repeats))
+
+
+def current_rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's VmHWM to its current RSS (Linux >= 4.0); False where not allowed."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def vm_hwm_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("no VmHWM in /proc/self/status")
+
+
+# ---------------------------------------------------------------------------------------------- pack
+
+
+def _video(frames: int, height: int, width: int) -> torch.Tensor:
+    x = torch.empty((3, frames, height, width), dtype=torch.float32)
+    x.normal_(generator=torch.Generator().manual_seed(0))  # in place: no temporary
+    return x
+
+
+def pack_variants(x: torch.Tensor) -> dict[str, Callable[[], object]]:
+    mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(3, 1, 1, 1)
+
+    def torch_expr():
+        return ((x.float() * std + mean).clamp(0, 1) * 255).round().to(torch.uint8)
+
+    def torch_expr_fhwc():
+        return torch_expr().permute(1, 2, 3, 0).contiguous()
+
+    variants = {
+        "torch expression ([C,F,H,W] out)": torch_expr,
+        "torch expression + permute to [F,H,W,C]": torch_expr_fhwc,
+        "native numpy fallback": lambda: native.pack_frames(x, mean=IMAGENET_MEAN, std=IMAGENET_STD, backend="numpy"),
+    }
+    if native.backend() == "c":
+        variants["native C, 1 thread"] = lambda: native.pack_frames(
+            x, mean=IMAGENET_MEAN, std=IMAGENET_STD, threads=1, backend="c")
+        variants["native C, 2 threads"] = lambda: native.pack_frames(
+            x, mean=IMAGENET_MEAN, std=IMAGENET_STD, threads=2, backend="c")
+    return variants
+
+
+def pack_child(name: str, frames: int, height: int, width: int, repeats: int) -> dict:
+    """Runs in a subprocess: one variant, its time and the peak RSS it added beyond the input."""
+    x = _video(frames, height, width)
+    fn = pack_variants(x)[name]
+    exact = reset_peak_rss()  # else ru_maxrss/VmHWM include earlier transients: report an upper bound
+    rss_before = current_rss_bytes()
+    result = fn()
+    extra = vm_hwm_bytes() - rss_before
+    del result
+    seconds = median_seconds(fn, repeats)
+    return {"seconds": seconds, "extra_peak_bytes": extra, "exact": exact}
+
+
+def bench_pack(args) -> list[str]:
+    x = _video(args.frames, args.height, args.width)
+    names = list(pack_variants(x))
+    reference = native.pack_frames(x, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    want = pack_variants(x)["torch expression + permute to [F,H,W,C]"]()
+    assert np.array_equal(reference, want.numpy()), "pack_frames differs from the torch expression"
+    del x, want, reference
+    out_bytes = 3 * args.frames * args.height * args.width
+    rows = {}
+    for name in names:
+        cmd = [sys.executable, __file__, "--pack-child", name, "--frames", str(args.frames), "--height",
+               str(args.height), "--width", str(args.width), "--repeats", str(args.repeats)]
+        rows[name] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    base = rows["torch expression + permute to [F,H,W,C]"]["seconds"]
+    lines = [
+        f"pack_frames, float32 [3, {args.frames}, {args.height}, {args.width}] -> uint8 "
+        f"[{args.frames}, {args.height}, {args.width}, 3] (output {out_bytes / 2**20:.0f} MiB); "
+        f"torch threads: {torch.get_num_threads()}",
+        "",
+        "| variant | median time (s) | speed-up vs torch + permute | extra peak RSS during call (MiB) | extra / output |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, row in rows.items():
+        lines.append(
+            f"| {name} | {row['seconds']:.3f} | {base / row['seconds']:.2f}x | "
+            f"{'' if row['exact'] else '<= '}{row['extra_peak_bytes'] / 2**20:.0f} | "
+            f"{'' if row['exact'] else '<= '}{row['extra_peak_bytes'] / out_bytes:.2f} |"
+        )
+    return lines
+
+
+# ------------------------------------------------------------------------------------------- dequant
+
+
+def _blocks(name: str, values: int, rng: np.random.Generator) -> np.ndarray:
+    """Random blocks with ordinary float16 scales (what real files hold)."""
+    import gguf
+
+    block_values, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
+    n = values // block_values
+    data = rng.integers(0, 256, size=(n, block_bytes), dtype=np.uint8)
+    scale_at = {"Q6_K": [208]}.get(name, [0, 2] if name in ("Q4_1", "Q5_1", "Q4_K", "Q5_K") else [0])
+    for off in scale_at:
+        data[:, off:off + 2] = rng.normal(0, 0.02, n).astype(np.float16).view(np.uint8).reshape(n, 2)
+    return data.reshape(1, -1)
+
+
+def bench_dequant(args) -> list[str]:
+    import gguf
+    from gguf import quants
+
+    rng = np.random.default_rng(0)
+    have_c = native.backend() == "c"
+    lines = [
+        f"dequantize to float32, {args.values} values per type ({args.values * 4 / 2**20:.0f} MiB output); "
+        f"best of {3 * args.repeats} runs (gguf, fallback: best of {args.repeats}); native writes into a "
+        "pre-faulted out= buffer; memcpy = np.copyto of the same output bytes, timed next to each type",
+        "",
+        "| type | gguf.quants (ms) | numpy fallback (ms) | C 1 thread (ms) | C 2 threads (ms) | memcpy (ms) | "
+        "speed-up C1 vs gguf | speed-up C2 vs gguf | C1 time / memcpy time |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    src = np.ones(args.values, np.float32)
+    dst = np.zeros(args.values, np.float32)
+    many = 3 * args.repeats
+    for name in TYPES:
+        data = _blocks(name, args.values, rng)
+        qtype = gguf.GGMLQuantizationType[name]
+        out = np.zeros((1, args.values), np.float32)
+        ref = quants.dequantize(data, qtype)
+        t_gguf = best_seconds(partial(quants.dequantize, data, qtype), args.repeats)
+        t_np = best_seconds(partial(native.dequantize, data, name, out=out, backend="numpy"), args.repeats)
+        assert np.array_equal(out.view(np.uint32), ref.view(np.uint32))
+        memcpy = best_seconds(partial(np.copyto, dst, src), many)
+        row = f"| {name} | {t_gguf * 1e3:.1f} | {t_np * 1e3:.1f} |"
+        if have_c:
+            t_c1 = best_seconds(partial(native.dequantize, data, name, out=out, backend="c"), many)
+            t_c2 = best_seconds(partial(native.dequantize, data, name, out=out, threads=2, backend="c"), many)
+            assert np.array_equal(out.view(np.uint32), ref.view(np.uint32))
+            row += (f" {t_c1 * 1e3:.2f} | {t_c2 * 1e3:.2f} | {memcpy * 1e3:.2f} | {t_gguf / t_c1:.1f}x | "
+                    f"{t_gguf / t_c2:.1f}x | {t_c1 / memcpy:.2f} |")
+        else:
+            row += f" n/a | n/a | {memcpy * 1e3:.2f} | n/a | n/a | n/a |"
+        lines.append(row)
+    return lines
+
+
+# --------------------------------------------------------------------------------------------- arena
+
+
+def _decode_pattern(width: int, height: int, frames: int) -> list[int]:
+    """Buffer sizes (bytes) one decoded clip needs on the host, in allocation order."""
+    clip = 3 * frames * height * width
+    return [clip * 4, clip, 64 << 10, 256 << 10, 1 << 20, 16 << 10]
+
+
+def bench_arena(args) -> list[str]:
+    sizes = _decode_pattern(672, 384, 21)
+    clips = args.clips
+    capacity = sum(-(-s // 4096) * 4096 for s in sizes)
+    lines = [
+        f"decode buffer pattern per clip: {', '.join(f'{s / 2**20:.2f}' for s in sizes)} MiB; {clips} clips; "
+        "arena capacity = one clip's buffers",
+        "",
+        "| level | variant | time per clip (µs) | ratio vs malloc/free |",
+        "|---|---|---:|---:|",
+    ]
+    if native.backend() == "c":
+        from h3director.native import _c
+
+        libc = ctypes.CDLL(None)
+        libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+        libc.free.restype, libc.free.argtypes = None, [ctypes.c_void_p]
+        lib = _c._lib
+        arena = lib.h3_arena_create(capacity, 4096, 0)
+        handle, offset = ctypes.c_uint64(), ctypes.c_uint64()
+        handles = [0] * len(sizes)
+
+        def c_malloc():
+            for _ in range(clips):
+                ptrs = [libc.malloc(s) for s in sizes]
+                for p in ptrs:
+                    libc.free(p)
+
+        def c_arena():
+            for _ in range(clips):
+                for i, s in enumerate(sizes):
+                    lib.h3_arena_alloc(arena, s, ctypes.byref(handle), ctypes.byref(offset))
+                    handles[i] = handle.value
+                for h in handles:
+                    lib.h3_arena_free(arena, h)
+
+        t_malloc = median_seconds(c_malloc, args.repeats) / clips
+        t_arena = median_seconds(c_arena, args.repeats) / clips
+        lib.h3_arena_destroy(arena)
+        lines.append(f"| C (via ctypes) | malloc/free | {t_malloc * 1e6:.1f} | 1.00x |")
+        lines.append(f"| C (via ctypes) | h3_arena_alloc/free | {t_arena * 1e6:.1f} | {t_malloc / t_arena:.2f}x |")
+
+    def py_numpy():
+        for _ in range(clips):
+            bufs = [np.empty(s, np.uint8) for s in sizes]
+            for b in bufs:
+                b[::4096] = 1  # write one byte per page: the first touch is where fresh mappings pay
+            del bufs
+
+    py_arena = native.Arena(capacity, alignment=4096)
+
+    def py_lease():
+        for _ in range(clips):
+            leases = [py_arena.lease(s) for s in sizes]
+            for lease in leases:
+                lease.numpy()[::4096] = 1
+            for lease in leases:
+                lease.release()
+
+    t_np = median_seconds(py_numpy, args.repeats) / clips
+    t_lease = median_seconds(py_lease, args.repeats) / clips
+    lines.append(f"| Python, pages written | np.empty (malloc) | {t_np * 1e6:.1f} | 1.00x |")
+    lines.append(f"| Python, pages written | Arena.lease ({py_arena.backend}) + numpy view | {t_lease * 1e6:.1f} | "
+                 f"{t_np / t_lease:.2f}x |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--frames", type=int, default=24)
+    parser.add_argument("--height", type=int, default=768)
+    parser.add_argument("--width", type=int, default=1344)
+    parser.add_argument("--values", type=int, default=1 << 22, help="values per quantisation type")
+    parser.add_argument("--clips", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--only", choices=["pack", "dequant", "arena"], action="append",
+                        help="run only these sections (repeatable; default: all)")
+    parser.add_argument("--pack-child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.pack_child:
+        print(json.dumps(pack_child(args.pack_child, args.frames, args.height, args.width, args.repeats)))
+        return 0
+    print(f"# bench/native.py  {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  "
+          f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
+          f"backend {native.describe()}, load average {os.getloadavg()[0]:.1f}")
+    sections = {"pack": bench_pack, "dequant": bench_dequant, "arena": bench_arena}
+    for key, section in sections.items():
+        if args.only and key not in args.only:
+            continue
+        print()
+        print("\n".join(section(args)))
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,35 @@
+"""The V3 `ComfyExtension` of the pack: the node list, and the HTTP routes registered on load."""
+
+from __future__ import annotations
+
+import logging
+
+from comfy_api.latest import ComfyExtension, io
+
+from h3director.comfy.nodes_decode import DecodeAVStreaming
+from h3director.comfy.nodes_frames import FrameOffset
+from h3director.comfy.nodes_guard import MemoryGuardNode
+from h3director.comfy.nodes_monitor import MonitorStart, MonitorStop
+from h3director.comfy.nodes_plan import PlanNode
+from h3director.comfy.nodes_shared import SharedRead, SharedWrite
+
+NODES: list[type[io.ComfyNode]] = [
+    DecodeAVStreaming, MonitorStart, MonitorStop, MemoryGuardNode, SharedWrite, SharedRead, FrameOffset, PlanNode,
+]
+
+
+class H3DirectorExtension(ComfyExtension):
+    async def on_load(self) -> None:
+        try:
+            from server import PromptServer
+        except ImportError:  # loaded outside ComfyUI's server (tests): no routes
+            return
+        if PromptServer.instance is None:
+            return
+        from h3director.comfy.routes import register_routes
+
+        register_routes(PromptServer.instance.routes)
+        logging.info("H3 Director: routes /h3director/stats and /h3director/report.png registered")
+
+    async def get_node_list(self) -> list[type[io.ComfyNode]]:
+        return list(NODES)

@@ -1,0 +1,88 @@
+"""The ComfyUI process's memory monitors: the ones the Monitor nodes started, and the last report.
+
+One registry per process (module state), read by the Monitor Stop node and the `/h3director/*`
+routes. Thread-safe: nodes run in ComfyUI's prompt worker thread, routes in its aiohttp loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+_lock = threading.Lock()
+_ids = itertools.count(1)
+_active: dict[int, Any] = {}
+_last_report: Any = None
+
+
+@dataclass(frozen=True)
+class MonitorHandle:
+    """What the Monitor Start node outputs (ComfyUI type `H3_MONITOR`): the id of a running monitor."""
+
+    monitor_id: int
+    label: str
+
+
+def default_devices() -> list[str]:
+    """The host plus ComfyUI's torch device when it is an accelerator."""
+    devices = ["cpu"]
+    try:
+        import comfy.model_management
+
+        device = comfy.model_management.get_torch_device()
+        if getattr(device, "type", "cpu") in ("cuda", "mps"):
+            devices.append(str(device))
+    except ImportError:
+        pass
+    return devices
+
+
+def start_monitor(interval_ms: float, label: str, budget_bytes: int | None = None) -> MonitorHandle:
+    from h3director.core.monitor import Monitor
+
+    monitor = Monitor(interval_ms=interval_ms, devices=default_devices(), budget_bytes=budget_bytes)
+    monitor.start()
+    with _lock:
+        handle = MonitorHandle(next(_ids), label)
+        _active[handle.monitor_id] = monitor
+    return handle
+
+
+def stop_monitor(handle: MonitorHandle):
+    """Stop the monitor behind `handle` and return its `MonitorReport` (also kept as the last report)."""
+    global _last_report
+    from h3director.errors import InvalidInputError
+
+    with _lock:
+        monitor = _active.pop(handle.monitor_id, None)
+    if monitor is None:
+        raise InvalidInputError(f"monitor {handle.monitor_id} ({handle.label!r}) is not running: it was stopped "
+                                "already, or ComfyUI restarted since it started")
+    monitor.stop()
+    report = monitor.report(metadata={"label": handle.label})
+    with _lock:
+        _last_report = report
+    return report
+
+
+def running_report():
+    """A snapshot of the most recently started running monitor, else the last stopped report, else None."""
+    with _lock:
+        monitor = _active[max(_active)] if _active else None
+        last = _last_report
+    return monitor.report() if monitor is not None else last
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Mark `name` as a phase on every running monitor (so their plots and peaks show it)."""
+    with _lock:
+        monitors = list(_active.values())
+    with contextlib.ExitStack() as stack:
+        for monitor in monitors:
+            stack.enter_context(monitor.phase(name))
+        yield

@@ -1,0 +1,88 @@
+"""H3Director Memory Monitor: Start / Stop around part of a graph (or a whole prompt)."""
+
+from __future__ import annotations
+
+import time
+
+from comfy_api.latest import io
+
+MONITOR_TYPE = io.Custom("H3_MONITOR")
+
+
+def report_image(report, title: str):
+    """The report's timeline plot as a ComfyUI IMAGE `[1, H, W, 3]` float32 in [0, 1]."""
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    with tempfile.TemporaryDirectory(prefix="h3director-plot-") as folder:
+        path = report.plot(Path(folder) / "timeline.png", title=title)
+        with Image.open(path) as image:
+            pixels = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
+    return torch.from_numpy(pixels).unsqueeze(0)
+
+
+class MonitorStart(io.ComfyNode):
+    """Starts a background memory sampler; wire `passthrough` on to order it before the watched nodes."""
+
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="H3DirectorMonitorStart",
+            display_name="H3Director Memory Monitor (Start)",
+            category="H3 Director/monitor",
+            description="Starts sampling host RSS and GPU memory. Connect the monitor output to a Monitor (Stop).",
+            inputs=[
+                io.AnyType.Input("trigger", optional=True, tooltip="Anything; passed through unchanged."),
+                io.Int.Input("interval_ms", default=500, min=10, max=60000, step=10),
+                io.String.Input("label", default="prompt"),
+            ],
+            outputs=[MONITOR_TYPE.Output(display_name="monitor"), io.AnyType.Output(display_name="passthrough")],
+            not_idempotent=True,
+        )
+
+    @classmethod
+    def fingerprint_inputs(cls, **kwargs) -> float:
+        return time.time()  # a monitor must start afresh on every run
+
+    @classmethod
+    def execute(cls, interval_ms, label, trigger=None) -> io.NodeOutput:
+        from h3director.comfy.live import start_monitor
+
+        return io.NodeOutput(start_monitor(interval_ms, label), trigger)
+
+
+class MonitorStop(io.ComfyNode):
+    """Stops a monitor and shows its timeline plot (IMAGE) and summary table (text)."""
+
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="H3DirectorMonitorStop",
+            display_name="H3Director Memory Monitor (Stop)",
+            category="H3 Director/monitor",
+            description="Stops the monitor once `trigger` (the last watched node's output) is ready.",
+            inputs=[
+                MONITOR_TYPE.Input("monitor"),
+                io.AnyType.Input("trigger", optional=True, tooltip="Connect the last watched node's output."),
+            ],
+            outputs=[io.Image.Output(display_name="timeline"), io.String.Output(display_name="summary")],
+            is_output_node=True,
+            not_idempotent=True,
+        )
+
+    @classmethod
+    def fingerprint_inputs(cls, **kwargs) -> float:
+        return time.time()
+
+    @classmethod
+    def execute(cls, monitor, trigger=None) -> io.NodeOutput:
+        from h3director.comfy.live import stop_monitor
+
+        report = stop_monitor(monitor)
+        summary = report.summary_table()
+        return io.NodeOutput(report_image(report, f"H3 Director: {monitor.label}"), summary,
+                             ui={"text": (summary,)})

@@ -1,0 +1,163 @@
+"""H3Director Shared Write / Shared Read: reuse conditioning by key through the shared tensor store.
+
+ComfyUI CONDITIONING is a list of ``[tensor, dict]`` pairs whose dicts hold tensors, numbers,
+strings and lists/dicts of those (e.g. H3's `minimax_keyframes`). It is flattened into tensors
+(stored in `SharedTensorStore`, which spills to its disk tier under ComfyUI's temp folder) plus a
+JSON skeleton saying where each tensor goes (stored as a uint8 tensor under ``<key>-skeleton``),
+so a read rebuilds the same structure. Writing a key that holds different content raises the
+store's conflict error, shown on the node in the UI; `replace` overwrites on purpose.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from typing import Any
+
+import torch
+from comfy_api.latest import io
+
+from h3director.errors import InvalidInputError
+
+SKELETON = "skeleton"
+KEY_RE = re.compile(r"^[A-Za-z0-9_]{1,100}$")  # store keys become disk-tier file names
+_store_lock = threading.Lock()
+_store = None
+
+
+def shared_store():
+    """The process-wide `SharedTensorStore` (disk tier in ComfyUI's temp folder, debug from the config)."""
+    global _store
+    with _store_lock:
+        if _store is None:
+            from h3director.comfy import runtime
+            from h3director.comfy.settings import pack_config
+            from h3director.core.shared_store import SharedTensorStore
+
+            _store = SharedTensorStore(disk_dir=runtime.temp_directory() / "h3director_shared",
+                                       debug=pack_config().debug_shared_memory)
+        return _store
+
+
+def flatten(value: Any, tensors: list[torch.Tensor], path: str = "conditioning") -> Any:
+    """JSON skeleton of `value` with each tensor replaced by ``{"#tensor": index}`` (appended to `tensors`)."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return {"#tensor": len(tensors) - 1}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        items = [flatten(v, tensors, f"{path}[{i}]") for i, v in enumerate(value)]
+        return {"#tuple": items} if isinstance(value, tuple) else items
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise InvalidInputError(f"{path}: only string keys can be shared, got {list(value)!r}")
+        return {"#dict": {k: flatten(v, tensors, f"{path}.{k}") for k, v in value.items()}}
+    raise InvalidInputError(f"{path}: a {type(value).__name__} cannot be shared (tensors, numbers, strings, "
+                            "lists and dicts only)")
+
+
+def unflatten(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
+    """Inverse of `flatten`."""
+    if isinstance(skeleton, list):
+        return [unflatten(v, tensors) for v in skeleton]
+    if isinstance(skeleton, dict):
+        if "#tensor" in skeleton:
+            return tensors[skeleton["#tensor"]]
+        if "#tuple" in skeleton:
+            return tuple(unflatten(v, tensors) for v in skeleton["#tuple"])
+        return {k: unflatten(v, tensors) for k, v in skeleton["#dict"].items()}
+    return skeleton
+
+
+def _check_key(key: str) -> str:
+    key = str(key).strip()
+    if not KEY_RE.match(key):
+        raise InvalidInputError(f"shared key must be 1-100 letters, digits or '_', got {key!r}")
+    return key
+
+
+def write_shared(key: str, conditioning: Any, owner: str, replace: bool) -> int:
+    """Store `conditioning` under `key`; returns the number of tensors stored."""
+    key = _check_key(key)
+    tensors: list[torch.Tensor] = []
+    skeleton = json.dumps(flatten(conditioning, tensors)).encode()
+    store = shared_store()
+    for index, tensor in enumerate(tensors):
+        store.put(f"{key}-t{index}", tensor.detach().contiguous(), owner, replace=replace)
+    # the skeleton last: a reader that finds it finds every tensor
+    store.put(f"{key}-{SKELETON}", torch.frombuffer(bytearray(skeleton), dtype=torch.uint8), owner, replace=replace)
+    return len(tensors)
+
+
+def read_shared(key: str) -> Any:
+    key = _check_key(key)
+    store = shared_store()
+    raw = store.get(f"{key}-{SKELETON}")
+    if raw is None:
+        known = sorted(k[:-len(SKELETON) - 1] for k in store.keys() if k.endswith(f"-{SKELETON}"))
+        raise InvalidInputError(f"no conditioning shared under key {key!r}; shared keys: {known or 'none'} "
+                                "(run a Shared Write with this key first)")
+    skeleton = json.loads(raw.cpu().numpy().tobytes().decode())
+    # the store hands out read-only views; ComfyUI nodes may modify conditioning in place, so copy
+    tensors = []
+    for index in range(_tensor_count(skeleton)):
+        tensor = store.get(f"{key}-t{index}")
+        if tensor is None:
+            raise InvalidInputError(f"shared key {key!r} is incomplete: tensor {index} is missing")
+        tensors.append(tensor.clone())
+    return unflatten(skeleton, tensors)
+
+
+def _tensor_count(skeleton: Any) -> int:
+    if isinstance(skeleton, list):
+        return sum(_tensor_count(v) for v in skeleton)
+    if isinstance(skeleton, dict):
+        if "#tensor" in skeleton:
+            return 1
+        return sum(_tensor_count(v) for v in skeleton.values())
+    return 0
+
+
+class SharedWrite(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="H3DirectorSharedWrite",
+            display_name="H3Director Shared Write",
+            category="H3 Director/shared memory",
+            description="Stores conditioning under a key for Shared Read nodes (this or later prompts). "
+                        "Writing different content to a used key is an error unless `replace` is on.",
+            inputs=[io.Conditioning.Input("conditioning"), io.String.Input("key", default="prompt"),
+                    io.Boolean.Input("replace", default=False)],
+            outputs=[io.Conditioning.Output(display_name="conditioning"), io.String.Output(display_name="key")],
+            hidden=[io.Hidden.unique_id],
+        )
+
+    @classmethod
+    def execute(cls, conditioning, key, replace) -> io.NodeOutput:
+        write_shared(key, conditioning, owner=f"comfy-node-{cls.hidden.unique_id}", replace=replace)
+        return io.NodeOutput(conditioning, _check_key(key))
+
+
+class SharedRead(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="H3DirectorSharedRead",
+            display_name="H3Director Shared Read",
+            category="H3 Director/shared memory",
+            description="Reads conditioning a Shared Write node stored under `key` (from memory or the disk tier).",
+            inputs=[io.String.Input("key", default="prompt"),
+                    io.AnyType.Input("after", optional=True, tooltip="Connect the writer's output to order the read.")],
+            outputs=[io.Conditioning.Output(display_name="conditioning")],
+        )
+
+    @classmethod
+    def fingerprint_inputs(cls, key, after=None) -> Any:
+        return float("nan")  # the store's content can change between prompts
+
+    @classmethod
+    def execute(cls, key, after=None) -> io.NodeOutput:
+        return io.NodeOutput(read_shared(key))

@@ -1,0 +1,90 @@
+"""The few ComfyUI services the nodes use, imported when called (ComfyUI is importable only inside it).
+
+Mirrors of these functions in the test harness (`tests/comfy_harness/`) keep the same signatures:
+`folder_paths.get_output_directory`, `folder_paths.get_temp_directory`,
+`folder_paths.get_save_image_path`, and `comfy.model_management.{free_memory, get_free_memory,
+load_models_gpu, soft_empty_cache, is_oom, get_torch_device}`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class SaveTarget:
+    """Where an output file goes: `path` inside ComfyUI's output folder, and the UI's `filename`/`subfolder`."""
+
+    path: Path
+    filename: str
+    subfolder: str
+
+
+def output_directory() -> Path:
+    import folder_paths
+
+    return Path(folder_paths.get_output_directory()).resolve()
+
+
+def temp_directory() -> Path:
+    import folder_paths
+
+    return Path(folder_paths.get_temp_directory()).resolve()
+
+
+def save_target(filename_prefix: str, width: int, height: int, extension: str) -> SaveTarget:
+    """Next free `<prefix>_<counter:05>_.<extension>` under the output folder, as ComfyUI's SaveVideo names files.
+
+    ComfyUI's `get_save_image_path` refuses prefixes that leave the output folder.
+    """
+    import folder_paths
+
+    from h3director.errors import InvalidInputError
+
+    root = output_directory()
+    wanted = (root / os.path.normpath(filename_prefix)).resolve()
+    if os.path.isabs(filename_prefix) or not wanted.is_relative_to(root) or wanted == root:
+        raise InvalidInputError(f"filename_prefix {filename_prefix!r} must name a file inside ComfyUI's output "
+                                f"folder {root} (no absolute paths, no '..')")
+    folder, filename, counter, subfolder, _ = folder_paths.get_save_image_path(
+        filename_prefix, str(root), width, height)
+    os.makedirs(folder, exist_ok=True)
+    name = f"{filename}_{counter:05}_.{extension}"
+    return SaveTarget(path=Path(folder) / name, filename=name, subfolder=subfolder)
+
+
+def is_oom(exc: BaseException) -> bool:
+    """ComfyUI's own test for an out-of-memory error (covers cudaMallocAsync's messages too)."""
+    import comfy.model_management
+
+    return bool(comfy.model_management.is_oom(exc))
+
+
+def free_device_memory(bytes_needed: int, device) -> None:
+    """Ask ComfyUI to unload other models until `bytes_needed` are free on `device`."""
+    import comfy.model_management
+
+    comfy.model_management.free_memory(bytes_needed, device)
+    comfy.model_management.soft_empty_cache()
+
+
+def free_bytes(device) -> int:
+    import comfy.model_management
+
+    return int(comfy.model_management.get_free_memory(device))
+
+
+def load_vae(vae, bytes_needed: int) -> None:
+    """Load `vae`'s weights the way `comfy.sd.VAE.decode` does, reserving `bytes_needed` for one clip."""
+    import comfy.model_management
+
+    comfy.model_management.load_models_gpu([vae.patcher], memory_required=bytes_needed,
+                                           force_full_load=getattr(vae, "disable_offload", False))
+
+
+def soft_empty_cache() -> None:
+    import comfy.model_management
+
+    comfy.model_management.soft_empty_cache()

@@ -1,0 +1,44 @@
+"""`h3director oom FILE|-`: explain every out-of-memory error in a log (CUDA, MPS, CPU)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from h3director.errors import InvalidInputError
+
+HELP = "Explain every out-of-memory error in a log: what was requested, what was free, and what to change."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="log file to read, or - for standard input")
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+
+
+def _read(path: str) -> str:
+    from h3director.core.oom import MAX_LOG_CHARS
+
+    if path == "-":
+        return sys.stdin.read(MAX_LOG_CHARS)
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as handle:
+            if size > MAX_LOG_CHARS:  # the error is usually at the end of a long log
+                handle.seek(size - MAX_LOG_CHARS)
+            return handle.read(MAX_LOG_CHARS).decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise InvalidInputError(f"cannot read log {path}: {exc.strerror or exc}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from h3director.core.oom import OomError, explain_log, format_explanations
+
+    items = explain_log(_read(args.file))
+    if args.json:
+        print(json.dumps({"file": args.file, "errors": [item.to_dict() for item in items]}, indent=2))
+    else:
+        print(format_explanations(items))
+    # 0: every OOM-like line explained (or none found); 1: something was not understood
+    return 0 if all(isinstance(item, OomError) for item in items) else 1

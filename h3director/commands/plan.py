@@ -1,0 +1,103 @@
+"""`h3director plan --width W --height H --frames N (--vram 24GB --ram 64GB | --device auto) [--json]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from h3director.units import parse_size
+
+HELP = "Predict H3's memory per phase for a resolution and length, and recommend settings that fit."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--width", type=int, required=True, help="video width in pixels (multiple of 32)")
+    parser.add_argument("--height", type=int, required=True, help="video height in pixels (multiple of 32)")
+    parser.add_argument("--frames", type=int, required=True, help="frame count on the 17n+5 grid (e.g. 124, 362)")
+    parser.add_argument("--vram", default=None, help="accelerator memory, e.g. 24GB (read as GiB, as cards are sold)")
+    parser.add_argument("--ram", default=None, help="host RAM for this job, e.g. 64GB (default: available RAM)")
+    parser.add_argument("--device", default=None,
+                        help="'auto' (or cuda, cuda:N, mps, cpu): read the budget from this machine")
+    parser.add_argument("--weights", default=None,
+                        help="fix the DiT weights format (bf16, fp8, int8, nf4, nvfp4, q8_0, q5_k, q4_k_m)")
+    parser.add_argument("--refs", type=int, default=0, help="reference images packed into the sequence")
+    parser.add_argument("--keyframes", type=int, default=0, help="keyframe images (one latent frame each)")
+    parser.add_argument("--text-tokens", type=int, default=None, help="prompt tokens (default 512)")
+    parser.add_argument("--dit-layers", type=int, default=None,
+                        help="DiT blocks (default 50; the published 'pruned' checkpoints are about 30)")
+    parser.add_argument("--no-audio", action="store_true", help="no audio rows and no audio decode")
+    parser.add_argument("--attention", default="flash", choices=("flash", "efficient", "sage", "math"),
+                        help="attention kernel (default flash / memory-efficient SDPA)")
+    parser.add_argument("--margin", type=float, default=0.10, help="safety margin as a fraction (default 0.10)")
+    parser.add_argument("--json", action="store_true", help="print JSON for machines")
+
+
+def _request(args: argparse.Namespace):
+    from h3director.plan.estimate import DEFAULT_TEXT_TOKENS, PlanRequest
+
+    return PlanRequest(
+        width=args.width, height=args.height, frames=args.frames, weights=args.weights or "bf16",
+        refs=args.refs, keyframes=args.keyframes,
+        text_tokens=DEFAULT_TEXT_TOKENS if args.text_tokens is None else args.text_tokens,
+        audio=not args.no_audio, attention=args.attention,
+        dit_config=None if args.dit_layers is None else {"num_layers": args.dit_layers},
+    )
+
+
+def _budget(args: argparse.Namespace):
+    from h3director.errors import InvalidInputError
+    from h3director.plan.machine import detect_budget
+    from h3director.plan.recommend import Budget
+
+    if not 0 <= args.margin < 1:
+        raise InvalidInputError(f"--margin must be in [0, 1), got {args.margin}")
+    ram = parse_size(args.ram, binary_gb=True) if args.ram else None
+    if args.vram is None:
+        if args.device is None:
+            raise InvalidInputError("give a budget: --vram SIZE (and --ram SIZE), or --device auto")
+        budget, source = detect_budget(args.device, host_bytes=ram)
+        return Budget(budget.device_bytes, budget.host_bytes, budget.device, margin=args.margin), source
+    if ram is None:
+        import psutil
+
+        ram = int(psutil.virtual_memory().available)
+    vram = parse_size(args.vram, binary_gb=True)
+    return Budget(vram, ram, "cuda", margin=args.margin), f"given: {args.vram} accelerator, {ram / 2**30:.1f} GiB RAM"
+
+
+def run(args: argparse.Namespace) -> int:
+    from h3director.plan.estimate import estimate
+    from h3director.plan.recommend import recommend
+
+    request = _request(args)
+    request.validate()
+    budget, source = _budget(args)
+    formats = [args.weights] if args.weights else None
+    as_asked = estimate(request)
+    advice = recommend(request, budget, formats=formats)
+    if args.json:
+        out = as_asked.to_dict()
+        out["budget"] = {"source": source, "device": budget.device, "device_bytes": budget.device_bytes,
+                         "host_bytes": budget.host_bytes, "margin": budget.margin}
+        out["recommendation"] = advice.to_dict()
+        out["recommendation"]["phases"] = advice.estimate.to_dict()["phases"]
+        print(json.dumps(out, indent=2))
+        return 0
+    geo = as_asked.geometry
+    print(f"H3 {request.width}x{request.height}, {request.frames} frames -> {geo.latent_frames} latent frames x "
+          f"{geo.tokens_per_latent_frame} tokens = {geo.video_tokens:,} video tokens; packed sequence "
+          f"{geo.packed_tokens:,} = {geo.text_rows} text + {geo.cond_rows} cond + {geo.audio_rows} audio + "
+          f"{geo.video_tokens:,} video")
+    print(f"Budget: {source}")
+    print(f"\nAs asked ({request.weights}, everything on the accelerator):")
+    print(as_asked.summary_table())
+    print("\n" + advice.summary())
+    print("\nRecommended settings, per phase:")
+    print(advice.estimate.summary_table())
+    plan = advice.estimate
+    print(f"\nPool size: planner {plan.implied_pool_mb()} MB (largest working set "
+          f"{plan.largest_working_bytes / 2**20:,.0f} MiB, rounded up to 1024); "
+          f"seed formula (weights + largest node) x 1.3 = {plan.seed_pool_mb()} MB")
+    for note in as_asked.notes:
+        print(f"note: {note}")
+    return 0

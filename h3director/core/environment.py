@@ -1,0 +1,205 @@
+"""What `h3director doctor` reports: the torch build, devices, allocator, native core, config, NVML,
+and concrete warnings. Plain data (`Environment.to_dict`), so the ComfyUI panel can show the same.
+
+Collecting reads devices through `h3director.core.devices`; for CUDA it calls ``mem_get_info``,
+which creates a CUDA context in the calling process (a few hundred MiB): call it from a
+diagnostic process, not in the middle of a job.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from typing import Any
+
+from h3director import __version__
+from h3director.core import devices
+from h3director.errors import ConfigError
+
+OPTIONAL_PACKAGES = ("diffusers", "av", "gguf", "safetensors", "matplotlib", "nvidia-ml-py", "comfyui")
+ALLOC_CONF_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
+#: A whole 362-frame video at 1344x768 as float32 (h3-facts: 4.18 GiB); below this much free RAM a
+#: float32 tensor sink cannot hold a long H3 video.
+LONG_VIDEO_F32_BYTES = 362 * 1344 * 768 * 3 * 4
+
+
+@dataclass
+class DeviceInfo:
+    device: str
+    name: str
+    total_bytes: int | None
+    free_bytes: int | None
+    note: str = ""
+
+
+@dataclass
+class Environment:
+    h3director: str
+    python: str
+    platform: str
+    torch: str
+    build: str  # "CUDA 12.8", "ROCm 6.3", "MPS", "CPU"
+    devices: list[DeviceInfo]
+    allocator_backend: str | None
+    alloc_conf: dict[str, str]
+    native_core: str
+    config_path: str
+    config_level: int | None
+    features: list[str]
+    config_problems: list[str]
+    nvml: str
+    packages: dict[str, str | None]
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _torch_build(torch) -> str:
+    if getattr(torch.version, "hip", None):
+        return f"ROCm {torch.version.hip}"
+    if torch.version.cuda:
+        return f"CUDA {torch.version.cuda}"
+    if torch.backends.mps.is_built():
+        return "MPS"
+    return "CPU"
+
+
+def _native_core() -> str:
+    try:
+        from h3director import native
+    except ImportError:
+        return "not built"
+    backend = getattr(native, "backend", None)
+    if backend is None:
+        return "not built"
+    try:
+        name = backend()
+    except Exception as exc:  # a broken build must show up here, not crash doctor
+        return f"error: {type(exc).__name__}: {exc}"
+    return {"c": "C library (h3_core)", "numpy": "numpy fallback (C library not built)"}.get(name, str(name))
+
+
+def _packages() -> dict[str, str | None]:
+    found: dict[str, str | None] = {}
+    for name in OPTIONAL_PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def _mps_int8_matmul_supported(torch) -> bool:
+    try:
+        a = torch.ones((32, 32), dtype=torch.int8, device="mps")
+        torch._int_mm(a, a)
+        return True
+    except (NotImplementedError, RuntimeError):
+        return False
+
+
+def _device_list(torch) -> list[DeviceInfo]:
+    host = devices.sample_host()
+    infos = [DeviceInfo("cpu", platform.processor() or platform.machine(), host.total_bytes, host.available_bytes,
+                        "free = system available RAM")]
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            name = torch.cuda.get_device_name(index)
+            try:
+                free, total = torch.cuda.mem_get_info(index)
+                infos.append(DeviceInfo(f"cuda:{index}", name, int(total), int(free)))
+            except RuntimeError as exc:
+                infos.append(DeviceInfo(f"cuda:{index}", name, None, None, f"unreadable: {exc}"))
+    if torch.backends.mps.is_available():
+        sample = devices.sample_device("mps")
+        infos.append(DeviceInfo("mps", "Apple GPU (unified memory)", sample.total_bytes, sample.free_bytes,
+                                "total = recommended_max_memory"))
+    return infos
+
+
+def collect(config_path: str | None = None) -> Environment:
+    """Gather the environment and derive warnings. Never raises for a bad config: it is reported."""
+    import torch
+
+    from h3director.core.config import find_config_path, load_config
+
+    warnings: list[str] = []
+    config_problems: list[str] = []
+    level = None
+    features: list[str] = []
+    config = None
+    path = str(find_config_path(config_path))
+    try:
+        config = load_config(config_path)
+        level = config.memory_optimization_level
+        features = config.features().enabled()
+    except ConfigError as exc:
+        config_problems = [str(p) for p in getattr(exc, "problems", [])] or [str(exc)]
+        warnings.append(f"the config {path} is invalid ({len(config_problems)} problem(s)); "
+                        f"run `h3director config check {path}`")
+
+    backend = devices.cuda_allocator_backend()
+    alloc_conf = {name: os.environ[name] for name in ALLOC_CONF_VARIABLES if name in os.environ}
+    nvml = "not installed (pip install 'h3director[nvml]')"
+    try:
+        import pynvml  # noqa: F401
+
+        nvml = "present" if devices.nvml_available() else "installed, but no NVIDIA driver answers"
+    except ImportError:
+        pass
+
+    env = Environment(
+        h3director=__version__,
+        python=sys.version.split()[0],
+        platform=platform.platform(),
+        torch=torch.__version__,
+        build=_torch_build(torch),
+        devices=_device_list(torch),
+        allocator_backend=backend,
+        alloc_conf=alloc_conf,
+        native_core=_native_core(),
+        config_path=path,
+        config_level=level,
+        features=features,
+        config_problems=config_problems,
+        nvml=nvml,
+        packages=_packages(),
+    )
+
+    # --- concrete warnings ----------------------------------------------------------------
+    if backend == "cudaMallocAsync":
+        warnings.append("allocator backend cudaMallocAsync: torch.cuda.memory_reserved() reads 0 and the cache is "
+                        "invisible to PyTorch's stats; H3 Director budgets with mem_get_info (device-wide) instead")
+    if len({value for value in alloc_conf.values()}) > 1:
+        warnings.append("PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF are both set, to different values: "
+                        + ", ".join(f"{k}={v}" for k, v in alloc_conf.items()))
+    if config is not None:
+        wanted = config.allocator.to_pytorch_alloc_conf()
+        current = next(iter(alloc_conf.values()), None)
+        if wanted and wanted != current:
+            warnings.append(f"the config asks for allocator settings '{wanted}' but the environment has "
+                            f"'{current or 'none'}': export PYTORCH_CUDA_ALLOC_CONF={wanted} before starting Python")
+        if level == 0:
+            warnings.append("memory_optimization_level is 0: no pool, no streaming decode, no shared memory")
+    if torch.backends.mps.is_available() and not _mps_int8_matmul_supported(torch):
+        warnings.append("int8 matmul (aten::_int_mm) is not implemented on MPS: int8 checkpoints (e.g. the pruned "
+                        "int8_convrot DiT) will not run on this Mac; use bf16/fp16 or GGUF weights")
+    if env.build == "CPU" and devices.nvml_available():
+        warnings.append("an NVIDIA GPU is present but this torch is a CPU-only build: install a CUDA build of torch")
+    gpus = [d for d in env.devices if d.device != "cpu"]
+    if not gpus:
+        warnings.append("no GPU visible to torch: only CPU runs (tests, tiny configs) are possible")
+    cpu = env.devices[0]
+    if cpu.free_bytes is not None and cpu.free_bytes < LONG_VIDEO_F32_BYTES * 2:
+        warnings.append(
+            f"only {cpu.free_bytes / 2**30:.1f} GiB of host RAM available: a 362-frame 1344x768 video is "
+            f"{LONG_VIDEO_F32_BYTES / 2**30:.2f} GiB as float32; decode into a uint8, memmap or video sink"
+        )
+    if env.native_core == "not built" or env.native_core.startswith("numpy"):
+        warnings.append("native core not in use: frame packing runs on the numpy fallback (same bytes, slower)")
+    env.warnings = warnings
+    return env

@@ -1,0 +1,318 @@
+"""SharedTensorStore: tensors produced once (text embeddings, timestep embeddings) and read by many.
+
+Conventions
+-----------
+- ``put(key, tensor, owner)`` stores the producer's tensor itself (no copy) with one reference held
+  by ``owner``. ``get(key, owner=...)`` returns a view of it and, when ``owner`` is given, adds a
+  reference for that owner; ``release(key, owner)`` drops one, and the entry leaves memory when no
+  reference is left (it stays on the disk tier, if there is one). An entry read back from the disk
+  tier stays in memory only once an owner takes a reference to it.
+- Views are read-only by contract: PyTorch has no read-only tensors, so writes are detected instead.
+  Every view shares the stored tensor's version counter (``tensor._version``), which every in-place
+  op bumps; the store checks it on each access and raises `SharedTensorMutatedError` naming the
+  producer and the owners that held views. In debug mode a blake2b checksum of the bytes is checked
+  too, which also catches writes that bypass the counter (``.data``, numpy views, foreign kernels).
+- A key is bound to its producer, dtype and shape: putting the same key from another owner or with
+  another dtype/shape raises `SharedKeyConflictError` unless ``replace=True``; the same owner putting
+  an equal tensor again is a no-op.
+- Accounting (bytes): ``bytes_held`` is what the entries in memory occupy; ``bytes_saved`` counts,
+  for each ``get`` served from memory or disk, the bytes a consumer did not have to produce again.
+- ``debug=True`` logs every read and write with owner ids on the ``h3director.shared_store`` logger.
+- All methods are thread-safe (one re-entrant lock around the entries and counters).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import struct
+import threading
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from h3director.core.disk_tier import DiskTier
+from h3director.errors import H3DirectorError, InvalidInputError
+
+log = logging.getLogger("h3director.shared_store")
+
+DISK_OWNER = "disk"
+
+
+class SharedKeyConflictError(H3DirectorError):
+    """A key is already bound to another producer, dtype or shape."""
+
+
+class SharedTensorMutatedError(H3DirectorError):
+    """A shared tensor was modified in place after it was put."""
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """Bytes and counts of a `SharedTensorStore`."""
+
+    entries: int
+    bytes_held: int
+    bytes_saved: int
+    hits: int
+    misses: int
+    disk_hits: int
+    mutations_detected: int
+    references: int
+
+
+@dataclass
+class _Entry:
+    tensor: torch.Tensor
+    producer: str
+    version: int
+    checksum: bytes | None
+    holders: Counter = field(default_factory=Counter)
+    readers: list[str] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel() * self.tensor.element_size()
+
+
+def _tensor_digest(tensor: torch.Tensor) -> bytes:
+    data = tensor.detach().to("cpu").contiguous().view(torch.uint8).flatten().numpy()
+    return hashlib.blake2b(data.tobytes(), digest_size=16).digest()
+
+
+def _feed(hasher, value) -> None:
+    """Hash ``value`` with its type, so ``1``, ``1.0``, ``"1"`` and ``b"1"`` differ."""
+    if isinstance(value, torch.Tensor):
+        hasher.update(f"T{value.dtype}{tuple(value.shape)}".encode())
+        hasher.update(value.detach().to("cpu").contiguous().view(torch.uint8).flatten().numpy().tobytes())
+    elif isinstance(value, bool) or value is None:
+        hasher.update(f"B{value}".encode())
+    elif isinstance(value, int):
+        hasher.update(f"I{value}".encode())
+    elif isinstance(value, float):
+        hasher.update(b"F" + struct.pack("<d", value))
+    elif isinstance(value, str):
+        encoded = value.encode()
+        hasher.update(b"S" + struct.pack("<Q", len(encoded)) + encoded)
+    elif isinstance(value, (bytes, bytearray)):
+        hasher.update(b"Y" + struct.pack("<Q", len(value)) + bytes(value))
+    elif isinstance(value, Mapping):
+        hasher.update(b"M" + struct.pack("<Q", len(value)))
+        for k in sorted(value, key=repr):
+            _feed(hasher, k)
+            _feed(hasher, value[k])
+    elif isinstance(value, Sequence):
+        hasher.update(b"L" + struct.pack("<Q", len(value)))
+        for item in value:
+            _feed(hasher, item)
+    else:
+        raise InvalidInputError(
+            f"content_key cannot hash a {type(value).__name__}; use tensors, numbers, strings, bytes, lists or dicts"
+        )
+
+
+def content_key(*inputs, model_fingerprint: str) -> str:
+    """A 64-hex-digit blake2b key of ``inputs`` (tensors by dtype, shape and bytes) and the model fingerprint.
+
+    Use it for conditioning outputs: the same prompt through the same text-encoder weights gives the
+    same key; any change of input, dtype, shape or ``model_fingerprint`` gives another.
+    """
+    if not isinstance(model_fingerprint, str) or not model_fingerprint:
+        raise InvalidInputError(f"model_fingerprint must be a non-empty string, got {model_fingerprint!r}")
+    hasher = hashlib.blake2b(digest_size=32, person=b"h3dir-content")
+    _feed(hasher, model_fingerprint)
+    _feed(hasher, list(inputs))
+    return hasher.hexdigest()
+
+
+class SharedTensorStore:
+    """Keyed, reference-counted tensors shared between owners (see the module docstring).
+
+    ``disk_dir``: a folder for a `DiskTier` (entries persist there and are reloaded on a miss);
+    ``disk_tier``: an existing tier instead; ``debug``: checksums and a log line per read and write.
+    """
+
+    def __init__(self, disk_dir: str | os.PathLike | None = None, debug: bool = False, *,
+                 disk_tier: DiskTier | None = None) -> None:
+        if disk_dir is not None and disk_tier is not None:
+            raise InvalidInputError("give disk_dir or disk_tier, not both")
+        self.debug = debug
+        self.disk = disk_tier if disk_tier is not None else (DiskTier(disk_dir) if disk_dir is not None else None)
+        self._lock = threading.RLock()
+        self._entries: dict[str, _Entry] = {}
+        self._bytes_saved = 0
+        self._hits = self._misses = self._disk_hits = self._mutations = 0
+
+    @classmethod
+    def from_config(cls, config, disk_dir: str | os.PathLike | None = None) -> SharedTensorStore | None:
+        """The store an `H3Config` asks for (``features().shared_memory``), or None."""
+        features = config.features()
+        if not features.shared_memory:
+            return None
+        return cls(disk_dir, debug=features.debug_shared_memory)
+
+    # ------------------------------------------------------------------ writes
+
+    def put(self, key: str, tensor: torch.Tensor, owner: str, replace: bool = False, *, persist: bool = True) -> None:
+        """Share ``tensor`` under ``key`` as produced by ``owner`` (who holds one reference).
+
+        With a disk tier and ``persist``, the tensor is also written there (atomically).
+        """
+        self._check_args(key, owner)
+        if not isinstance(tensor, torch.Tensor):
+            raise InvalidInputError(f"put({key!r}) needs a torch.Tensor, got {type(tensor).__name__}")
+        checksum = _tensor_digest(tensor) if self.debug else None
+        with self._lock:
+            current = self._entries.get(key)
+            if current is not None and not replace:
+                self._verify(key, current)
+                if current.producer in (owner, DISK_OWNER) and self._same_tensor(current.tensor, tensor):
+                    if current.producer == DISK_OWNER:       # the producer recomputed what the disk had
+                        current.producer = owner
+                        current.holders[owner] += 1
+                    self._log("put (unchanged)", key, owner)
+                    return
+                raise SharedKeyConflictError(
+                    f"key {key!r} is held by {current.producer!r} as {current.tensor.dtype} "
+                    f"{tuple(current.tensor.shape)}; {owner!r} tried to put {tensor.dtype} {tuple(tensor.shape)} "
+                    "(pass replace=True to overwrite)"
+                )
+            entry = _Entry(tensor.detach(), owner, tensor._version, checksum)
+            entry.holders[owner] += 1
+            self._entries[key] = entry
+            self._log("put", key, owner)
+        if self.disk is not None and persist:
+            self.disk.put(key, tensor, metadata={"producer": owner})
+
+    @staticmethod
+    def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return a.dtype == b.dtype and a.shape == b.shape and a.device == b.device and bool(torch.equal(a, b))
+
+    # ------------------------------------------------------------------ reads
+
+    def get(self, key: str, owner: str | None = None) -> torch.Tensor | None:
+        """A read-only view of the tensor under ``key`` (None if absent); ``owner`` takes a reference."""
+        self._check_key(key)
+        if owner is not None:
+            self._check_owner(owner)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None and self.disk is not None:
+                entry = self._load_from_disk(key, keep=owner is not None)
+            if entry is None:
+                self._misses += 1
+                self._log("miss", key, owner)
+                return None
+            self._verify(key, entry)
+            self._hits += 1
+            self._bytes_saved += entry.nbytes
+            if owner is not None:
+                entry.holders[owner] += 1
+                if owner not in entry.readers:
+                    entry.readers.append(owner)
+            self._log("get", key, owner)
+            return entry.tensor.view(entry.tensor.shape)
+
+    def _load_from_disk(self, key: str, *, keep: bool) -> _Entry | None:
+        """Read ``key`` from the disk tier; ``keep`` it in memory only if an owner takes a reference."""
+        stored = self.disk.get(key)
+        if stored is None or "tensor" not in stored:
+            return None
+        tensor = stored["tensor"]
+        entry = _Entry(tensor, DISK_OWNER, tensor._version, _tensor_digest(tensor) if self.debug else None)
+        if keep:
+            self._entries[key] = entry
+        self._disk_hits += 1
+        return entry
+
+    def release(self, key: str, owner: str) -> int:
+        """Drop one of ``owner``'s references to ``key``; returns the references left (0: left memory)."""
+        self._check_args(key, owner)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry.holders[owner] <= 0:
+                raise InvalidInputError(f"{owner!r} holds no reference to shared key {key!r}")
+            self._verify(key, entry)
+            entry.holders[owner] -= 1
+            if entry.holders[owner] == 0:
+                del entry.holders[owner]
+            left = sum(entry.holders.values())
+            if left == 0:
+                del self._entries[key]
+            self._log("release", key, owner)
+            return left
+
+    def check(self, key: str | None = None) -> None:
+        """Verify one entry (or all) for in-place mutation; raises `SharedTensorMutatedError`."""
+        with self._lock:
+            items = [(key, self._entries[key])] if key is not None else list(self._entries.items())
+            for name, entry in items:
+                self._verify(name, entry)
+
+    def _verify(self, key: str, entry: _Entry) -> None:
+        how = None
+        if entry.tensor._version != entry.version:
+            how = f"version counter {entry.version} -> {entry.tensor._version}"
+        elif entry.checksum is not None and _tensor_digest(entry.tensor) != entry.checksum:
+            how = "checksum changed (a write that bypassed the version counter)"
+        if how is None:
+            return
+        self._mutations += 1
+        readers = ", ".join(repr(r) for r in entry.readers) or "no reader yet (the producer itself)"
+        message = (
+            f"shared tensor {key!r} produced by {entry.producer!r} was modified in place ({how}); "
+            f"owners holding views: {readers}. Shared tensors are read-only: clone before writing."
+        )
+        log.error(message)
+        # Re-arm so the same mutation is reported once, not on every later access.
+        entry.version = entry.tensor._version
+        if entry.checksum is not None:
+            entry.checksum = _tensor_digest(entry.tensor)
+        raise SharedTensorMutatedError(message)
+
+    # ------------------------------------------------------------------ accounting
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return sorted(self._entries)
+
+    def holders(self, key: str) -> dict[str, int]:
+        with self._lock:
+            entry = self._entries.get(key)
+            return dict(entry.holders) if entry else {}
+
+    def stats(self) -> StoreStats:
+        with self._lock:
+            return StoreStats(
+                entries=len(self._entries),
+                bytes_held=sum(e.nbytes for e in self._entries.values()),
+                bytes_saved=self._bytes_saved,
+                hits=self._hits,
+                misses=self._misses,
+                disk_hits=self._disk_hits,
+                mutations_detected=self._mutations,
+                references=sum(sum(e.holders.values()) for e in self._entries.values()),
+            )
+
+    # ------------------------------------------------------------------ helpers
+
+    @staticmethod
+    def _check_key(key: str) -> None:
+        if not isinstance(key, str) or not key:
+            raise InvalidInputError(f"shared keys are non-empty strings, got {key!r}")
+
+    @staticmethod
+    def _check_owner(owner: str) -> None:
+        if not isinstance(owner, str) or not owner:
+            raise InvalidInputError(f"owners are non-empty strings, got {owner!r}")
+
+    def _check_args(self, key: str, owner: str) -> None:
+        self._check_key(key)
+        self._check_owner(owner)
+
+    def _log(self, action: str, key: str, owner: str | None) -> None:
+        if self.debug:
+            log.info("shared %s key=%s owner=%s thread=%s", action, key, owner, threading.current_thread().name)

@@ -1,0 +1,109 @@
+"""Find, load and check the compiled h3_core library (ctypes).
+
+Search order: the path in $H3_NATIVE_LIB (used by the sanitizer test build), then
+``_h3_core<ext-suffix>`` (and any other ``_h3_core*.so``) next to this file. The library must
+report ``h3_abi_version() == ABI_VERSION``; otherwise the numpy fallback is used and one warning
+line says why (unless $H3_NATIVE=c, which turns that into an error).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from pathlib import Path
+from types import ModuleType
+
+ABI_VERSION = 1
+LIBRARY_ENV = "H3_NATIVE_LIB"
+
+_log = logging.getLogger("h3director.native")
+_lock = threading.Lock()
+_loaded: tuple[ModuleType | None, str] | None = None  # (the C backend module or None, why not)
+
+_i64, _u64, _int, _ptr = ctypes.c_int64, ctypes.c_uint64, ctypes.c_int, ctypes.c_void_p
+_SIGNATURES = {
+    "h3_abi_version": (ctypes.c_uint32, []),
+    "h3_strerror": (ctypes.c_char_p, [_int]),
+    "h3_pack_frames": (_int, [_ptr, _int, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64,
+                              _ptr, _ptr, _i64, _ptr, _i64, _int]),
+    "h3_quant_block_size": (_int, [_int, ctypes.POINTER(_i64), ctypes.POINTER(_i64)]),
+    "h3_dequantize": (_int, [_int, _ptr, _i64, _ptr, _int, _i64, _int]),
+    "h3_arena_create": (_ptr, [_u64, _u64, _u64]),
+    "h3_arena_destroy": (None, [_ptr]),
+    "h3_arena_base": (_ptr, [_ptr]),
+    "h3_arena_alloc": (_int, [_ptr, _u64, ctypes.POINTER(_u64), ctypes.POINTER(_u64)]),
+    "h3_arena_free": (_int, [_ptr, _u64]),
+    "h3_arena_stats": (_int, [_ptr, _ptr, _i64]),
+    "h3_arena_stats_size": (_i64, []),
+}
+
+
+def candidates() -> list[Path]:
+    """Library paths to try, in order."""
+    import sysconfig
+
+    here = Path(__file__).resolve().parent
+    paths = []
+    if os.environ.get(LIBRARY_ENV):
+        paths.append(Path(os.environ[LIBRARY_ENV]))
+    paths.append(here / ("_h3_core" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so")))
+    paths.extend(sorted(p for p in here.glob("_h3_core*.so") if p not in paths))
+    return paths
+
+
+def open_library(path: Path) -> ctypes.CDLL:
+    """Load one library and declare its functions; raises OSError when it is not a usable h3_core."""
+    lib = ctypes.CDLL(str(path))
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        fn = getattr(lib, name)  # AttributeError -> not our library
+        fn.restype = restype
+        fn.argtypes = argtypes
+    version = lib.h3_abi_version()
+    if version != ABI_VERSION:
+        raise OSError(f"{path} has ABI version {version}, this package needs {ABI_VERSION}")
+    return lib
+
+
+def _find() -> tuple[ctypes.CDLL | None, str]:
+    reasons = []
+    for path in candidates():
+        if not path.exists():
+            reasons.append(f"{path.name} not found")
+            continue
+        try:
+            return open_library(path), str(path)
+        except (OSError, AttributeError) as exc:
+            reasons.append(str(exc))
+    return None, "; ".join(reasons) or "no library"
+
+
+def c_backend(required: bool = False) -> ModuleType | None:
+    """The C backend module (h3director.native._c) bound to the library, or None (logged once)."""
+    global _loaded
+    with _lock:
+        if _loaded is None:
+            lib, where = _find()
+            if lib is None:
+                _log.warning(
+                    "h3director.native: C library unavailable (%s); using the numpy fallback "
+                    "(build it with: python -m h3director.native.build)", where)
+                _loaded = (None, where)
+            else:
+                from h3director.native import _c
+
+                _c.bind(lib, where)
+                _loaded = (_c, where)
+    module, why = _loaded
+    if module is None and required:
+        raise ImportError(f"H3_NATIVE=c but the h3_core library is unavailable: {why}")
+    return module
+
+
+def describe() -> str:
+    """One line for `h3director doctor`: which backend is active and where its library is."""
+    module = c_backend()
+    if module is None:
+        return f"numpy fallback ({_loaded[1] if _loaded else 'not loaded'})"
+    return f"c ({module.LIBRARY_PATH}, ABI {ABI_VERSION})"

@@ -1,0 +1,306 @@
+"""Per-phase memory estimate of one H3 generation: text encoding, sampling, decode, host RAM.
+
+`estimate(PlanRequest(...))` returns a `PlanEstimate`: the packed-sequence geometry (from
+`h3director.geometry`, the one source of truth for frames and tokens) and, per phase, the bytes on
+the accelerator (weights resident + working set) and in host RAM (offloaded weights, pinned
+buffers, outputs). Every number is derived from the model configs (`models.py`,
+`activations.py`, `decode.py`, `audio.py`); see docs/PLANNER.md for the calibration and the
+external check against published measurements.
+
+Packed sequence rows (ComfyUI's `PackedLayout`, the reference's order):
+text (the prompt's tokens, `text_tokens`), conditioning (each keyframe or reference image is one
+latent frame at the target size: `tokens_per_latent_frame` rows), audio (2 rows per audio latent:
+stereo, `round(frames / 24 * 40)` latents), video (`latent_frames x tokens_per_latent_frame`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+from h3director import geometry
+from h3director.errors import InvalidInputError
+from h3director.plan.activations import DiTShape, PackedRows, check_backend, dit_forward_peak_bytes
+from h3director.plan.audio import audio_decode_working_set_bytes, audio_samples_bytes
+from h3director.plan.decode import SINKS, decode_clip_working_set_bytes, output_host_bytes
+from h3director.plan.dtypes import dtype_bytes
+from h3director.plan.formats import weight_format
+from h3director.plan.models import (
+    TextEncoderSpec,
+    audio_vae_inventory,
+    dit_inventory,
+    text_encoder_inventory,
+    video_vae_inventory,
+)
+
+MiB = 1024**2
+DEFAULT_TEXT_TOKENS = 512
+TEXT_ENCODER_VISION_TOKENS_PER_IMAGE = 1024   # a ~1 MP reference image after the 2x2 merger
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What the user wants to run, and the settings to price. Sizes in pixels, counts in frames.
+
+    `weights`: DiT weight format (see `formats.FORMATS`); `offload_blocks`: DiT blocks kept in host RAM
+    and streamed in one at a time; `text_encoder_device`: "gpu" (loaded, used, unloaded before
+    sampling) or "cpu"; `decode_tiles_per_call`: None = the reference tiled path, n = streamed tiling;
+    `keep_dit_during_decode`: the DiT stays on the accelerator while decoding (what runs out of memory
+    in ComfyUI issue #15453). `fused_norms`: RMSNorm runs as one fused kernel (CUDA); False prices
+    PyTorch's composite CPU kernel. `frames` must be on the 17n+5 grid.
+    """
+
+    width: int
+    height: int
+    frames: int
+    weights: str = "bf16"
+    text_encoder_weights: str = "bf16"
+    text_encoder_device: str = "gpu"
+    refs: int = 0
+    keyframes: int = 0
+    text_tokens: int = DEFAULT_TEXT_TOKENS
+    audio: bool = True
+    attention: str = "flash"
+    head_chunks: int = 1
+    ffn_chunks: int = 1
+    offload_blocks: int = 0
+    compute_dtype: str = "bf16"
+    vae_dtype: str = "bf16"
+    decode_tiles_per_call: int | None = 1
+    sink: str = "uint8"
+    keep_dit_during_decode: bool = False
+    fused_norms: bool = True
+    dit_config: Mapping | None = None
+    vae_config: Mapping | None = None
+    audio_config: Mapping | None = None
+
+    def validate(self) -> None:
+        """Refuse bad input before any estimate: canvas, frame grid, settings."""
+        geometry.check_canvas(self.width, self.height)
+        if not geometry.is_on_grid(self.frames):
+            low, high = geometry.nearest_grid_frames(self.frames)
+            raise InvalidInputError(
+                f"frames {self.frames} is off H3's 17n+5 grid: the nearest legal counts are {low} and {high}"
+                if low != high else f"frames {self.frames} is off H3's 17n+5 grid: use {high}")
+        for name in ("refs", "keyframes", "text_tokens", "offload_blocks"):
+            if getattr(self, name) < 0:
+                raise InvalidInputError(f"{name} must be >= 0, got {getattr(self, name)}")
+        blocks = DiTShape.from_config(self.dit_config).layers
+        if self.offload_blocks > blocks:
+            raise InvalidInputError(f"offload_blocks must be <= the DiT's {blocks} blocks, got {self.offload_blocks}")
+        if self.sink not in SINKS:
+            raise InvalidInputError(f"sink must be one of {SINKS}, got {self.sink!r}")
+        if self.text_encoder_device not in ("gpu", "cpu"):
+            raise InvalidInputError(f"text_encoder_device must be 'gpu' or 'cpu', got {self.text_encoder_device!r}")
+        weight_format(self.weights)
+        weight_format(self.text_encoder_weights)
+        dtype_bytes(self.compute_dtype)
+        dtype_bytes(self.vae_dtype)
+        check_backend(self.attention, self.head_chunks, self.ffn_chunks, DiTShape.from_config(self.dit_config))
+        if self.decode_tiles_per_call is not None and self.decode_tiles_per_call < 1:
+            raise InvalidInputError(f"decode_tiles_per_call must be None or >= 1, got {self.decode_tiles_per_call}")
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Frames -> latent frames -> packed rows for one request."""
+
+    frames: int
+    latent_frames: int
+    tokens_per_latent_frame: int
+    video_tokens: int
+    audio_latents: int
+    audio_rows: int
+    text_rows: int
+    cond_rows: int
+    packed_tokens: int
+
+    @property
+    def rows(self) -> PackedRows:
+        return PackedRows(self.text_rows, self.cond_rows, self.audio_rows, self.video_tokens)
+
+
+def packed_geometry(width: int, height: int, frames: int, *, text_tokens: int = DEFAULT_TEXT_TOKENS,
+                    refs: int = 0, keyframes: int = 0, audio: bool = True) -> Geometry:
+    """Rows of the packed sequence (see the module docstring); 124 frames at 1344x768 -> 37 x 1008 video rows."""
+    per_frame = geometry.tokens_per_latent_frame(width, height)
+    latent = geometry.latent_frames_for(frames)
+    audio_latents = round(frames / geometry.VIDEO_FPS * geometry.AUDIO_LATENTS_PER_SECOND) if audio else 0
+    cond = (refs + keyframes) * per_frame
+    video = latent * per_frame
+    return Geometry(frames=frames, latent_frames=latent, tokens_per_latent_frame=per_frame, video_tokens=video,
+                    audio_latents=audio_latents, audio_rows=2 * audio_latents, text_rows=text_tokens,
+                    cond_rows=cond, packed_tokens=text_tokens + cond + 2 * audio_latents + video)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase's bytes: on the accelerator (`weights_bytes` resident + `working_bytes`) and in host RAM."""
+
+    name: str
+    weights_bytes: int
+    working_bytes: int
+    host_bytes: int
+    detail: str = ""
+
+    @property
+    def device_bytes(self) -> int:
+        return self.weights_bytes + self.working_bytes
+
+
+@dataclass(frozen=True)
+class PlanEstimate:
+    """The estimate: geometry, phases, and the notes (warnings) that go with them."""
+
+    request: PlanRequest
+    geometry: Geometry
+    phases: tuple[Phase, ...]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def peak_device_bytes(self) -> int:
+        return max(p.device_bytes for p in self.phases)
+
+    @property
+    def peak_host_bytes(self) -> int:
+        return max(p.host_bytes for p in self.phases)
+
+    @property
+    def largest_working_bytes(self) -> int:
+        return max(p.working_bytes for p in self.phases)
+
+    def implied_pool_mb(self) -> int:
+        """Pool size this plan implies: the largest phase working set, rounded UP to 1024 MiB."""
+        return math.ceil(self.largest_working_bytes / MiB / 1024) * 1024
+
+    def seed_pool_mb(self) -> int:
+        """The seed formula: (weights MB + largest node MB) x 1.3, rounded DOWN to a multiple of 1024."""
+        dit_weights_mb = dit_inventory(self.request.dit_config).weight_bytes(weight_format(self.request.weights)) / MiB
+        value = (dit_weights_mb + self.largest_working_bytes / MiB) * 1.3
+        return int(value // 1024) * 1024
+
+    def to_dict(self) -> dict:
+        request = {k: v for k, v in asdict(self.request).items() if not k.endswith("_config")}
+        return {
+            "request": request,
+            "geometry": asdict(self.geometry),
+            "phases": [dict(asdict(p), device_bytes=p.device_bytes) for p in self.phases],
+            "peak_device_bytes": self.peak_device_bytes,
+            "peak_host_bytes": self.peak_host_bytes,
+            "pool": {"implied_mb": self.implied_pool_mb(), "seed_formula_mb": self.seed_pool_mb()},
+            "notes": list(self.notes),
+        }
+
+    def summary_table(self) -> str:
+        """The per-phase table as text (GiB)."""
+        lines = [f"{'phase':<14}{'weights':>10}{'working':>10}{'device':>10}{'host RAM':>10}  detail"]
+        for p in self.phases:
+            lines.append(f"{p.name:<14}{_gib(p.weights_bytes):>10}{_gib(p.working_bytes):>10}"
+                         f"{_gib(p.device_bytes):>10}{_gib(p.host_bytes):>10}  {p.detail}")
+        return "\n".join(lines)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 1024**3:.2f}G"
+
+
+def text_encoder_activation_bytes(tokens: int, dtype: object = "bf16") -> int:
+    """Peak activation of a Qwen3-VL text-stack forward over `tokens` tokens (residual, normed input,
+    the SwiGLU MLP's gate/up/product, and one layer's Q/K/V), no KV cache: not calibrated here."""
+    spec = TextEncoderSpec()
+    e = dtype_bytes(dtype)
+    per_token = (3 * spec.hidden + 4 * spec.intermediate + (spec.heads + 2 * spec.kv_heads) * spec.head_dim) * e
+    return tokens * per_token
+
+
+def int32_qkv_token_limit(shape: DiTShape) -> int:
+    """Tokens beyond which a fused QKV buffer has more than 2**31 elements (99,864 for H3)."""
+    return 2**31 // (3 * shape.inner)
+
+
+def _config_key(config: Mapping | None) -> str:
+    return json.dumps(dict(config or {}), sort_keys=True, default=list)
+
+
+@functools.lru_cache(maxsize=512)
+def _clip_working_set(config_key: str, height: int, width: int, tiles: int | None, dtype: str) -> int:
+    return decode_clip_working_set_bytes(json.loads(config_key), height, width, tiles, dtype)
+
+
+@functools.lru_cache(maxsize=512)
+def _audio_working_set(config_key: str, latents: int) -> int:
+    return audio_decode_working_set_bytes(json.loads(config_key), latents)
+
+
+@functools.lru_cache(maxsize=2048)
+def _sampling_working_set(config_key: str, rows: PackedRows, dtype: str, attention: str, heads: int, ffn: int,
+                          fused_norms: bool) -> int:
+    shape = DiTShape.from_config(json.loads(config_key))
+    return dit_forward_peak_bytes(shape, rows, dtype, attention=attention, head_chunks=heads, ffn_chunks=ffn,
+                                  fused_norms=fused_norms)
+
+
+def estimate(request: PlanRequest) -> PlanEstimate:
+    """Per-phase bytes for `request` (validated first; see the module docstring)."""
+    request.validate()
+    geo = packed_geometry(request.width, request.height, request.frames, text_tokens=request.text_tokens,
+                          refs=request.refs, keyframes=request.keyframes, audio=request.audio)
+    dit = dit_inventory(request.dit_config)
+    fmt = weight_format(request.weights)
+    dit_bytes = dit.weight_bytes(fmt)
+    block_bytes = dit.block_bytes(fmt)
+    offloaded = request.offload_blocks * block_bytes
+    # Streaming offloaded blocks needs two block buffers on the device (one computing, one arriving).
+    stream_buffers = min(request.offload_blocks, 2) * block_bytes
+    dit_resident = dit_bytes - offloaded + stream_buffers
+
+    te = text_encoder_inventory()
+    te_bytes = te.weight_bytes(weight_format(request.text_encoder_weights))
+    te_tokens = request.text_tokens + request.refs * TEXT_ENCODER_VISION_TOKENS_PER_IMAGE
+    te_act = text_encoder_activation_bytes(te_tokens, request.compute_dtype)
+
+    vae_fmt = weight_format("bf16" if dtype_bytes(request.vae_dtype) == 2 else "fp32")
+    vae = video_vae_inventory(request.vae_config)
+    vae_decoder_bytes = vae.weight_bytes(vae_fmt, float_bytes=dtype_bytes(request.vae_dtype)) \
+        - vae.group("encoder").params * dtype_bytes(request.vae_dtype)
+    clip_ws = _clip_working_set(_config_key(request.vae_config), request.height, request.width,
+                                request.decode_tiles_per_call, request.vae_dtype)
+    audio_inv = audio_vae_inventory(request.audio_config)
+    audio_weights = 2 * audio_inv.weight_bytes(weight_format("fp32"), float_bytes=4) if request.audio else 0
+    audio_ws = _audio_working_set(_config_key(request.audio_config), geo.audio_latents) if request.audio else 0
+    sampling_ws = _sampling_working_set(_config_key(request.dit_config), geo.rows, request.compute_dtype,
+                                        request.attention, request.head_chunks, request.ffn_chunks,
+                                        request.fused_norms)
+    latent_pixels = (request.height // geometry.SPATIAL_RATIO) * (request.width // geometry.SPATIAL_RATIO)
+    latents = 4 * (geo.latent_frames * geometry.VIDEO_LATENT_CHANNELS * latent_pixels
+                   + 2 * geometry.AUDIO_LATENT_CHANNELS * geo.audio_latents)   # float32, stereo audio
+    sampling_ws += 3 * latents                          # latents, velocity, scheduler step
+
+    video_out = output_host_bytes(request.sink, request.frames, request.width, request.height)
+    audio_out = audio_samples_bytes(geo.audio_latents)
+    te_on_cpu = request.text_encoder_device == "cpu"
+    phases = (
+        Phase("text_encoding", 0 if te_on_cpu else te_bytes, 0 if te_on_cpu else te_act,
+              te_bytes + te_act if te_on_cpu else 0,   # the DiT is loaded after the encoder is dropped
+              f"Qwen3-VL {request.text_encoder_weights} on {request.text_encoder_device}, {te_tokens} tokens"),
+        Phase("sampling", dit_resident, sampling_ws, offloaded + latents,
+              f"DiT {request.weights}, {geo.packed_tokens:,} tokens, {request.attention} attention, "
+              f"{request.head_chunks} head / {request.ffn_chunks} FFN chunks, {request.offload_blocks} blocks offloaded"),
+        Phase("decode", vae_decoder_bytes + audio_weights + (dit_resident if request.keep_dit_during_decode else 0),
+              max(clip_ws, audio_ws) + latents,
+              offloaded + video_out + audio_out,
+              f"video VAE {request.vae_dtype}, "
+              + ("reference tiling" if request.decode_tiles_per_call is None else
+                 f"{request.decode_tiles_per_call} tile(s)/call") + f", sink {request.sink}"),
+    )
+    notes = []
+    int32_limit = int32_qkv_token_limit(DiTShape.from_config(request.dit_config))
+    if geo.packed_tokens > int32_limit:
+        notes.append(f"{geo.packed_tokens:,} packed tokens exceed {int32_limit:,}: fused QKV element "
+                     "offsets overflow int32 in kernels that index with 32-bit ints; use head chunking")
+    if request.attention == "math":
+        notes.append("math attention materialises heads x S x S scores; a fused kernel needs none of it")
+    return PlanEstimate(request=request, geometry=geo, phases=phases, notes=tuple(notes))

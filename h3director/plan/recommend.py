@@ -1,0 +1,263 @@
+"""Choose settings that fit a device budget, with a safety margin, and say what does not fit and why.
+
+Search order (first fit wins; exact savings before ones that cost speed, speed before quality):
+
+1. text encoder: on the accelerator in bf16, fp8, GGUF Q4_K_M; else on the CPU (host RAM);
+2. DiT: weights format from best to most compressed (bf16, fp8, int8, q8_0, q5_k, q4_k_m, nf4; or the
+   one the user fixed); for each, attention head / FFN chunking (exact, a little slower), then block
+   offload of 0..50 blocks (exact, slower: each step streams the offloaded blocks over the bus);
+3. decode: the reference tiled path, else streamed tiling with 4, 2, 1 tiles per call; the sink
+   uint8 frames if the whole video fits host RAM, else memmap / video file;
+4. if no setting fits the whole length: long-form generation in chunks on the 17n+5 grid, each
+   chunk conditioned on the previous chunk's last `LONG_FORM_OVERLAP` frames.
+
+`Budget.device_usable` = VRAM x (1 - margin) - reserve (CUDA context and allocator slack);
+`Budget.host_usable` = RAM x (1 - margin). A returned `Recommendation` always fits its own estimate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from h3director import geometry
+from h3director.errors import BudgetError
+from h3director.plan.activations import DiTShape
+from h3director.plan.estimate import PlanEstimate, PlanRequest, estimate
+from h3director.units import format_size
+
+MiB = 1024**2
+DIT_FORMATS = ("bf16", "fp8", "int8", "q8_0", "q5_k", "q4_k_m", "nf4")
+TEXT_ENCODER_CHOICES = (("gpu", "bf16"), ("gpu", "fp8"), ("gpu", "q4_k_m"), ("cpu", "bf16"), ("cpu", "q4_k_m"))
+CHUNKINGS = ((1, 1), (2, 2), (4, 4), (8, 8), (14, 16), (28, 32), (56, 64))
+DECODE_TILES = (None, 4, 2, 1)
+SINK_ORDER = ("uint8", "memmap")
+LONG_FORM_OVERLAP = 22      # frames (17 + 5): one encoder clip plus the grid's 5, reused as conditioning
+DEFAULT_MARGIN = 0.10
+DEFAULT_RESERVE = 768 * MiB
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Memory available to one generation, in bytes. `device` is "cuda", "mps" or "cpu"."""
+
+    device_bytes: int
+    host_bytes: int
+    device: str = "cuda"
+    margin: float = DEFAULT_MARGIN
+    reserve_bytes: int = DEFAULT_RESERVE
+
+    @property
+    def device_usable(self) -> int:
+        return int(self.device_bytes * (1 - self.margin)) - self.reserve_bytes
+
+    @property
+    def host_usable(self) -> int:
+        return int(self.host_bytes * (1 - self.margin))
+
+    def fits(self, plan: PlanEstimate) -> bool:
+        if self.device == "cpu":     # one memory: the device phases and the host buffers share it
+            return max(p.device_bytes + p.host_bytes for p in plan.phases) <= self.host_usable
+        return plan.peak_device_bytes <= self.device_usable and plan.peak_host_bytes <= self.host_usable
+
+
+@dataclass(frozen=True)
+class LongForm:
+    """Generate `chunks` chunks of `chunk_frames` frames, each overlapping the previous by `overlap_frames`."""
+
+    chunk_frames: int
+    overlap_frames: int
+    chunks: int
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The chosen settings (`request`), their estimate, and what was rejected and why."""
+
+    request: PlanRequest
+    estimate: PlanEstimate
+    budget: Budget
+    long_form: LongForm | None = None
+    rejected: tuple[str, ...] = field(default_factory=tuple)
+
+    def settings(self) -> dict:
+        r = self.request
+        settings = {
+            "weights": r.weights, "offload_blocks": r.offload_blocks, "head_chunks": r.head_chunks,
+            "ffn_chunks": r.ffn_chunks, "text_encoder": f"{r.text_encoder_weights} on {r.text_encoder_device}",
+            "decode_tiles_per_call": r.decode_tiles_per_call, "sink": r.sink,
+            "keep_dit_during_decode": r.keep_dit_during_decode,
+        }
+        if self.long_form:
+            settings["long_form"] = dataclasses.asdict(self.long_form)
+        return settings
+
+    def to_dict(self) -> dict:
+        return {
+            "fits": True,
+            "settings": self.settings(),
+            "device_usable_bytes": self.budget.device_usable,
+            "host_usable_bytes": self.budget.host_usable,
+            "peak_device_bytes": self.estimate.peak_device_bytes,
+            "peak_host_bytes": self.estimate.peak_host_bytes,
+            "pool": {"implied_mb": self.estimate.implied_pool_mb(), "seed_formula_mb": self.estimate.seed_pool_mb()},
+            "does_not_fit": list(self.rejected),
+        }
+
+    def summary(self) -> str:
+        s = self.settings()
+        lines = [
+            f"Recommendation (device usable {format_size(self.budget.device_usable)}, "
+            f"host usable {format_size(self.budget.host_usable)}):",
+            f"  text encoder      {s['text_encoder']} (unloaded before sampling)",
+            f"  DiT weights       {s['weights']}, {s['offload_blocks']} of {DiTShape.from_config(self.request.dit_config).layers}"
+            " blocks offloaded to host RAM",
+            f"  chunking          {s['head_chunks']} attention head chunks, {s['ffn_chunks']} FFN chunks",
+            "  decode            " + ("reference tiled path" if s["decode_tiles_per_call"] is None
+                                      else f"streamed tiling, {s['decode_tiles_per_call']} tile(s) per call")
+            + f", sink {s['sink']}, DiT unloaded first",
+        ]
+        if self.long_form:
+            lf = self.long_form
+            lines.append(f"  long-form         {lf.chunks} chunks of {lf.chunk_frames} frames, "
+                         f"{lf.overlap_frames}-frame overlap")
+        lines.append(f"  predicted peak    device {format_size(self.estimate.peak_device_bytes)}, "
+                     f"host {format_size(self.estimate.peak_host_bytes)}")
+        if self.rejected:
+            lines.append("Does not fit:")
+            lines += [f"  - {reason}" for reason in self.rejected]
+        return "\n".join(lines)
+
+
+def _replace(request: PlanRequest, **changes) -> PlanRequest:
+    return dataclasses.replace(request, **changes)
+
+
+def _phase(plan: PlanEstimate, name: str):
+    return next(p for p in plan.phases if p.name == name)
+
+
+def _phase_fits(budget: Budget, plan: PlanEstimate, name: str) -> bool:
+    phase = _phase(plan, name)
+    if budget.device == "cpu":
+        return phase.device_bytes + phase.host_bytes <= budget.host_usable
+    return phase.device_bytes <= budget.device_usable and phase.host_bytes <= budget.host_usable
+
+
+def _choose_text_encoder(request: PlanRequest, budget: Budget, rejected: list[str]) -> PlanRequest:
+    for device, fmt in TEXT_ENCODER_CHOICES:
+        candidate = _replace(request, text_encoder_device=device, text_encoder_weights=fmt)
+        if _phase_fits(budget, estimate(candidate), "text_encoding"):
+            if (device, fmt) != TEXT_ENCODER_CHOICES[0]:
+                first = _phase(estimate(_replace(request, text_encoder_device="gpu", text_encoder_weights="bf16")),
+                               "text_encoding")
+                rejected.append(f"text encoder bf16 on the accelerator needs {format_size(first.device_bytes)}")
+            return candidate
+    raise BudgetError("the text encoder fits neither the accelerator nor host RAM in any format "
+                      f"(smallest: Q4_K_M on CPU); host usable {format_size(budget.host_usable)}")
+
+
+def _choose_dit(request: PlanRequest, budget: Budget, formats: Sequence[str]) -> PlanRequest | None:
+    blocks = DiTShape.from_config(request.dit_config).layers
+    for fmt in formats:
+        for heads, ffn in CHUNKINGS:
+            base = _replace(request, weights=fmt, head_chunks=heads, ffn_chunks=ffn, offload_blocks=0)
+            if _phase_fits(budget, estimate(base), "sampling"):
+                return base
+            full = _replace(base, offload_blocks=blocks)
+            if not _phase_fits(budget, estimate(full), "sampling"):
+                continue
+            low, high = 0, blocks                  # fewest offloaded blocks that fit (monotone in the count)
+            while low < high:
+                mid = (low + high) // 2
+                if _phase_fits(budget, estimate(_replace(base, offload_blocks=mid)), "sampling"):
+                    high = mid
+                else:
+                    low = mid + 1
+            return _replace(base, offload_blocks=low)
+    return None
+
+
+def _choose_decode(request: PlanRequest, budget: Budget) -> PlanRequest | None:
+    for sink in SINK_ORDER:
+        for tiles in DECODE_TILES:
+            candidate = _replace(request, decode_tiles_per_call=tiles, sink=sink, keep_dit_during_decode=False)
+            if _phase_fits(budget, estimate(candidate), "decode"):
+                return candidate
+    return None
+
+
+def _fit_length(request: PlanRequest, budget: Budget, formats: Sequence[str],
+                rejected: list[str]) -> PlanRequest | None:
+    chosen = _choose_dit(request, budget, formats)
+    if chosen is None:
+        return None
+    chosen = _choose_decode(chosen, budget)
+    if chosen is None:
+        rejected.append("decoding even one tile per call does not fit the accelerator")
+        return None
+    return chosen if budget.fits(estimate(chosen)) else None
+
+
+def recommend(request: PlanRequest, budget: Budget | int, *, formats: Sequence[str] | None = None,
+              host_bytes: int | None = None) -> Recommendation:
+    """Settings for `request` that fit `budget` (a `Budget`, or device bytes plus `host_bytes`;
+    `host_bytes` None = this machine's available RAM, read with psutil).
+
+    `formats`: the DiT weight formats allowed, best first (default: all of `DIT_FORMATS`).
+    Raises `BudgetError` naming the smallest need when nothing fits, not even long-form chunks.
+    """
+    if not isinstance(budget, Budget):
+        if host_bytes is None:
+            import psutil
+
+            host_bytes = psutil.virtual_memory().available
+        budget = Budget(device_bytes=int(budget), host_bytes=int(host_bytes))
+    request.validate()
+    formats = tuple(formats or DIT_FORMATS)
+    rejected: list[str] = []
+    if budget.device_usable <= 0 and budget.device != "cpu":
+        raise BudgetError(f"device budget {format_size(budget.device_bytes)} leaves nothing after the "
+                          f"{budget.margin:.0%} margin and {format_size(budget.reserve_bytes)} reserve")
+    request = _choose_text_encoder(request, budget, rejected)
+
+    best = estimate(_replace(request, weights=formats[0]))
+    sampling = _phase(best, "sampling")
+    chosen = _fit_length(request, budget, formats, rejected)
+    if chosen is not None:
+        if chosen.weights != formats[0] or chosen.offload_blocks or chosen.head_chunks > 1:
+            rejected.insert(0, f"DiT {formats[0]} fully resident needs {format_size(sampling.device_bytes)} "
+                               f"({format_size(sampling.weights_bytes)} weights + "
+                               f"{format_size(sampling.working_bytes)} activations for "
+                               f"{best.geometry.packed_tokens:,} tokens)")
+        return Recommendation(chosen, estimate(chosen), budget, rejected=tuple(rejected))
+
+    rejected.append(f"{request.frames} frames in one pass do not fit with any format, chunking or offload "
+                    f"(activations alone need {format_size(sampling.working_bytes)} in {formats[0]})")
+    overlap = LONG_FORM_OVERLAP
+    chunk = geometry.nearest_grid_frames(request.frames - 1)[0]
+    while chunk > overlap:
+        cond = geometry.latent_frames_for(overlap)
+        candidate = _replace(request, frames=chunk, keyframes=request.keyframes + cond)
+        chosen = _fit_length(candidate, budget, formats, [])
+        if chosen is not None:
+            chunks = 1 + math.ceil((request.frames - chunk) / (chunk - overlap))
+            long_form = LongForm(chunk_frames=chunk, overlap_frames=overlap, chunks=chunks)
+            return Recommendation(chosen, estimate(chosen), budget, long_form=long_form, rejected=tuple(rejected))
+        chunk -= geometry.CLIP_LENGTH
+    smallest = estimate(_replace(request, frames=geometry.nearest_grid_frames(overlap + 1)[1],
+                                 weights=formats[-1], head_chunks=CHUNKINGS[-1][0], ffn_chunks=CHUNKINGS[-1][1],
+                                 offload_blocks=DiTShape.from_config(request.dit_config).layers,
+                                 decode_tiles_per_call=1, sink="memmap"))
+    what = f"even a {smallest.request.frames}-frame chunk with {formats[-1]} weights, every block offloaded and " \
+           "full chunking needs"
+    if budget.device == "cpu":
+        need = max(p.device_bytes + p.host_bytes for p in smallest.phases)
+        raise BudgetError(f"nothing fits: {what} {format_size(need)} of RAM (model and buffers share it); "
+                          f"usable: {format_size(budget.host_usable)}")
+    raise BudgetError(
+        f"nothing fits: {what} {format_size(smallest.peak_device_bytes)} on the device and "
+        f"{format_size(smallest.peak_host_bytes)} of host RAM; usable: {format_size(budget.device_usable)} device, "
+        f"{format_size(budget.host_usable)} host")

@@ -1,0 +1,61 @@
+"""Write-then-rename for file outputs: a final name only ever holds a finished file.
+
+A sink writes to a hidden temporary name in the destination's own folder (same filesystem, so the
+rename is atomic), fsyncs it, and renames it over the final name in `commit`. Until then an existing
+file at the final name is untouched; a crash leaves at most the temporary, which never carries the
+final name or its extension.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from h3director.errors import InvalidInputError
+
+
+def temporary_path(final: Path, tag: str) -> Path:
+    """The hidden working name of `final`: ``<folder>/.<name>.<tag>`` (never ends in the final suffix)."""
+    return final.with_name(f".{final.name}.{tag}")
+
+
+def check_output_path(path: str | os.PathLike, suffixes: tuple[str, ...], owner: str) -> Path:
+    """Resolve an output path and refuse it early: wrong suffix, missing folder, or a directory."""
+    final = Path(path).expanduser().absolute()
+    if final.suffix.lower() not in suffixes:
+        raise InvalidInputError(f"{owner}: output must end in {' or '.join(suffixes)}, got {str(final)!r}")
+    if final.is_dir():
+        raise InvalidInputError(f"{owner}: output {str(final)!r} is a directory")
+    if not final.parent.is_dir():
+        raise InvalidInputError(f"{owner}: output folder {str(final.parent)!r} does not exist")
+    if not os.access(final.parent, os.W_OK):
+        raise InvalidInputError(f"{owner}: output folder {str(final.parent)!r} is not writable")
+    return final
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file's (or a folder's) data to stable storage."""
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) if path.is_dir() else os.O_RDONLY
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def commit(temporary: Path, final: Path) -> Path:
+    """Make `temporary` durable and rename it to `final` in one step; returns `final`."""
+    fsync_path(temporary)
+    os.replace(temporary, final)
+    with contextlib.suppress(OSError):  # not every filesystem lets a folder be fsynced
+        fsync_path(final.parent)
+    return final
+
+
+def remove_quietly(*paths: Path | None) -> None:
+    """Delete temporaries that may or may not exist."""
+    for path in paths:
+        if path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()

@@ -1,0 +1,118 @@
+"""Sinks built from sinks: one decode feeding several outputs, and a fingerprint of what was decoded.
+
+`TeeSink` hands every call to each of its sinks (e.g. a video file and a preview). `DigestSink`
+keeps no frames, only a SHA-256 per frame of the decoder's exact output and of its uint8 display
+pixels, so two decodes (in two processes, or stock vs streamed) can be compared value for value
+without holding either video.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from h3director.errors import InvalidInputError
+from h3director.video.pixels import uint8_pixels
+from h3director.video.sink import FrameSink, StreamSpec
+from h3director.video.sinks_base import OrderedSink, require_single_video
+
+
+class TeeSink(FrameSink):
+    """Forward every call to each sink in `sinks`, in order. Audio goes to those that take it.
+
+    `finish()` returns a list of the sinks' results. If one sink fails, every sink is aborted (no
+    partial outputs). Memory: the sum of its sinks'.
+    """
+
+    def __init__(self, sinks: Sequence[FrameSink]) -> None:
+        if not sinks:
+            raise InvalidInputError("TeeSink needs at least one sink")
+        self.sinks = list(sinks)
+        self.supports_audio = any(sink.supports_audio for sink in self.sinks)
+
+    def bytes_needed(self, spec: StreamSpec) -> int:
+        return sum(sink.bytes_needed(spec) for sink in self.sinks)
+
+    def resume_from(self) -> int:
+        return min(sink.resume_from() for sink in self.sinks)
+
+    def begin(self, spec: StreamSpec) -> None:
+        for index, sink in enumerate(self.sinks):
+            try:
+                sink.begin(spec)
+            except BaseException:
+                for started in self.sinks[:index]:
+                    started.abort()
+                raise
+
+    def write_audio(self, samples: torch.Tensor, sample_rate: int) -> None:
+        for sink in self.sinks:
+            if sink.supports_audio:
+                sink.write_audio(samples, sample_rate)
+
+    def write(self, start: int, frames: torch.Tensor) -> None:
+        for sink in self.sinks:
+            sink.write(start, frames)
+
+    def finish(self) -> list[Any]:
+        results = []
+        for index, sink in enumerate(self.sinks):
+            try:
+                results.append(sink.finish())
+            except BaseException:
+                for other in self.sinks[index + 1:]:
+                    other.abort()
+                raise
+        return results
+
+    def abort(self) -> None:
+        for sink in self.sinks:
+            sink.abort()
+
+
+def frame_digests(frames: torch.Tensor | np.ndarray, frame_axis: int) -> list[str]:
+    """SHA-256 (hex) of each frame's bytes along `frame_axis` of a CPU tensor or array, in C order."""
+    array = frames.detach().to("cpu").numpy() if isinstance(frames, torch.Tensor) else frames
+    return [hashlib.sha256(np.ascontiguousarray(np.take(array, i, axis=frame_axis)).tobytes()).hexdigest()
+            for i in range(array.shape[frame_axis])]
+
+
+class DigestSink(OrderedSink):
+    """Fingerprints of a decode: per frame, SHA-256 of the decoder output and of the uint8 pixels.
+
+    `raw_digests[f]` hashes frame f of batch item 0 as the decoder returned it (`[C, H, W]`, its dtype,
+    C order); `uint8_digests[f]` hashes its uint8 display pixels (`[H, W, C]`, as `Uint8FrameSink`
+    stores them). Audio is kept as given (it is small) in `audio`. Only batch 1. Memory: one run's
+    uint8 conversion plus the audio. `finish()` returns the sink itself.
+    """
+
+    supports_audio = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raw_digests: list[str] = []
+        self.uint8_digests: list[str] = []
+        self.audio: torch.Tensor | None = None
+        self.sample_rate: int | None = None
+
+    def _open(self, spec: StreamSpec) -> None:
+        require_single_video(spec, "DigestSink")
+        self.raw_digests, self.uint8_digests = [], []
+
+    def write_audio(self, samples: torch.Tensor, sample_rate: int) -> None:
+        self.audio, self.sample_rate = samples.detach().to("cpu").clone(), int(sample_rate)
+
+    def _store(self, start: int, frames: torch.Tensor) -> None:
+        self.raw_digests += frame_digests(frames[0], frame_axis=1)
+        self.uint8_digests += frame_digests(uint8_pixels(frames[0], self.spec), frame_axis=0)
+
+    def finish(self) -> DigestSink:
+        self._check_complete()
+        return self
+
+    def abort(self) -> None:
+        self.raw_digests, self.uint8_digests, self.audio = [], [], None

@@ -1,0 +1,176 @@
+"""Executes the pack's nodes with ComfyUI-shaped inputs (stand-ins from `tests/comfy_harness`).
+
+The VAE objects mirror ComfyUI's `comfy.sd.VAE` around the real diffusers H3 VAEs (tiny random
+configs); the reference for bit-identity is what ComfyUI's core `VAEDecode` returns for the same VAE.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from comfy_harness.loader import install_stubs
+
+from h3director.errors import H3DirectorError, InvalidInputError
+
+install_stubs()
+
+from comfy_harness.fake_vae import comfy_audio_vae, comfy_video_vae, vae_decode_node  # noqa: E402
+
+
+class Nested:
+    """Mirrors `comfy.nested_tensor.NestedTensor` (`tensors`, `is_nested`)."""
+
+    def __init__(self, tensors):
+        self.tensors = list(tensors)
+        self.is_nested = True
+
+
+@pytest.fixture(scope="module")
+def video_vae():
+    return comfy_video_vae(seed=1)
+
+
+@pytest.fixture()
+def output_dir(tmp_path, monkeypatch):
+    import folder_paths
+
+    monkeypatch.setattr(folder_paths, "output_directory", str(tmp_path / "output"))
+    monkeypatch.setattr(folder_paths, "temp_directory", str(tmp_path / "temp"))
+    (tmp_path / "output").mkdir()
+    return tmp_path / "output"
+
+
+def _decode_node():
+    from h3director.comfy.nodes_decode import DecodeAVStreaming
+
+    return DecodeAVStreaming
+
+
+def _latent(t=7, h=16, w=24, seed=3):
+    return torch.randn(1, 24, t, h, w, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.slow
+def test_images_mode_is_bit_identical_to_core_vae_decode(video_vae, output_dir):
+    latent = {"samples": _latent(t=12, h=8, w=24)}  # 2 clips; 384 px wide = 2 spatial tiles
+    reference = vae_decode_node(video_vae, latent)
+    out = _decode_node().execute(latent, video_vae, "images", "video/x", 24.0, 18)
+    images, audio, report = out.args
+    assert audio is None
+    assert images.dtype == torch.float32 and images.shape == reference.shape
+    assert torch.equal(images, reference)
+    assert "39 in 2 clips" in report
+
+
+def test_single_latent_frame_matches_core(video_vae, output_dir):
+    latent = {"samples": _latent(t=1, h=8, w=8)}
+    out = _decode_node().execute(latent, video_vae, "images", "video/x", 24.0, 18)
+    assert torch.equal(out.args[0], vae_decode_node(video_vae, latent))
+
+
+@pytest.mark.slow
+def test_video_file_mode_writes_mp4_with_audio_in_output_folder(video_vae, output_dir):
+    import av
+
+    audio_vae = comfy_audio_vae(seed=2)
+    video = _latent(t=7, h=8, w=8)
+    audio = torch.randn(1, 32, 2, 12, generator=torch.Generator().manual_seed(5))
+    latent = {"samples": Nested((video, audio))}
+    out = _decode_node().execute(latent, video_vae, "video_file", "clips/h3", 24.0, 18, audio_vae=audio_vae)
+    last, audio_out, report = out.args
+    files = list((output_dir / "clips").iterdir())
+    assert [f.name for f in files] == ["h3_00001_.mp4"]
+    assert out.ui.as_dict() == {"images": [{"filename": "h3_00001_.mp4", "subfolder": "clips", "type": "output"}],
+                                "animated": (True,)}
+    reference = vae_decode_node(video_vae, {"samples": video})
+    assert torch.equal(last, reference[-1:])
+    with av.open(str(files[0])) as container:
+        assert container.streams.video[0].frames == reference.shape[0]
+        assert len(container.streams.audio) == 1
+    assert audio_out["sample_rate"] == 32_000 and audio_out["waveform"].shape == (1, 2, 12 * 800)
+    assert "saved:" in report
+
+
+def test_bad_inputs_are_refused_before_decoding(video_vae, output_dir):
+    node = _decode_node()
+    with pytest.raises(InvalidInputError, match="image latent"):
+        node.execute({"samples": torch.zeros(1, 4, 8, 8)}, video_vae, "images", "v", 24.0, 18)
+    with pytest.raises(InvalidInputError, match="no audio_vae"):
+        node.execute({"samples": Nested((_latent(3, 8, 8), torch.zeros(1, 32, 2, 10)))}, video_vae,
+                     "video_file", "v", 24.0, 18)
+    with pytest.raises(InvalidInputError, match="NaN"):
+        node.execute({"samples": torch.full((1, 24, 3, 8, 8), float("nan"))}, video_vae, "images", "v", 24.0, 18)
+    audio_vae = comfy_audio_vae(seed=2)
+    with pytest.raises(InvalidInputError, match="unsupported VAE"):
+        node.execute({"samples": _latent(3, 8, 8)}, audio_vae, "images", "v", 24.0, 18)
+    with pytest.raises(H3DirectorError):
+        node.execute({"samples": _latent(3, 8, 8)}, video_vae, "video_file", "../escape/v", 24.0, 18)
+    assert list(output_dir.iterdir()) == []
+    assert not list(output_dir.parent.glob("escape*"))
+
+
+def test_frame_offset_shifts_and_clamps_frames_and_audio():
+    from h3director.comfy.nodes_frames import FrameOffset
+
+    images = torch.arange(5, dtype=torch.float32).view(5, 1, 1, 1).expand(5, 2, 2, 3).contiguous()
+    wave = torch.arange(1, 11, dtype=torch.float32).view(1, 1, 10)
+    out_images, out_audio = FrameOffset.execute(images, 2, 5.0, audio={"waveform": wave, "sample_rate": 10}).args
+    assert out_images[:, 0, 0, 0].tolist() == [0, 0, 0, 1, 2]
+    assert out_audio["waveform"].flatten().tolist() == [0, 0, 0, 0, 1, 2, 3, 4, 5, 6]
+    back, _ = FrameOffset.execute(images, -2, 24.0).args
+    assert back[:, 0, 0, 0].tolist() == [2, 3, 4, 4, 4]
+    with pytest.raises(InvalidInputError):
+        FrameOffset.execute(torch.zeros(2, 2, 3), 1, 24.0)
+
+
+def test_monitor_start_stop_returns_plot_image_and_summary(output_dir):
+    from h3director.comfy.nodes_monitor import MonitorStart, MonitorStop
+
+    handle, passthrough = MonitorStart.execute(20, "test", trigger="x").args
+    assert passthrough == "x"
+    torch.ones(256, 256).sum()
+    image, summary = MonitorStop.execute(handle, trigger=None).args
+    assert image.ndim == 4 and image.shape[0] == 1 and image.shape[-1] == 3
+    assert image.dtype == torch.float32 and 0 <= float(image.min()) and float(image.max()) <= 1
+    assert "rss" in summary.lower()
+    with pytest.raises(InvalidInputError, match="not running"):
+        MonitorStop.execute(handle)
+
+
+def test_guard_wrapper_preflights_each_forward_with_token_bytes():
+    from comfy.patcher_extension import WrapperExecutor
+
+    from h3director.comfy.nodes_guard import BYTES_PER_TOKEN, forward_tokens, make_guard_wrapper
+
+    class RecordingGuard:
+        def __init__(self):
+            self.seen = []
+
+        def preflight(self, nbytes, what):
+            self.seen.append(nbytes)
+            if nbytes > 10 * BYTES_PER_TOKEN:
+                raise H3DirectorError("[Director Safety] GPU memory limit exceeded")
+
+    guard = RecordingGuard()
+    run = WrapperExecutor(lambda x, t: x, [make_guard_wrapper(guard)])
+    small = torch.zeros(1, 24, 1, 4, 4)
+    assert run(small, 0) is small
+    assert guard.seen == [forward_tokens(small) * BYTES_PER_TOKEN] and forward_tokens(small) == 4
+    with pytest.raises(H3DirectorError, match="Director Safety"):
+        run(torch.zeros(1, 24, 2, 8, 8), 0)
+
+
+def test_out_of_memory_in_a_clip_frees_models_and_retries_bit_identically(video_vae):
+    from h3director.comfy.image_sink import ComfyImageSink
+    from h3director.integrations.comfy_vae import ComfyH3VideoAdapter
+    from h3director.video.faults import STAGE_MID, OomOnClip
+    from h3director.video.scheduler import DecodeOutOfMemory, stream_decode
+
+    latent = _latent(t=12, h=8, w=8)
+    freed = []
+    adapter = ComfyH3VideoAdapter(video_vae, on_out_of_memory=lambda: freed.append(True))
+    report = stream_decode(adapter, latent, ComfyImageSink(), fault_injector=OomOnClip(clips={1}, stage=STAGE_MID))
+    assert freed == [True] and [r.clip for r in report.retries] == [1]
+    assert torch.equal(report.result, vae_decode_node(video_vae, {"samples": latent}))
+    with pytest.raises(DecodeOutOfMemory, match="clip 0"):
+        stream_decode(adapter, latent, ComfyImageSink(), fault_injector=OomOnClip(clips={0}, times=2))

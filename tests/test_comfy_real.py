@@ -1,0 +1,244 @@
+"""The pack in a REAL ComfyUI: server on loopback (--cpu), pack installed, example workflow queued over HTTP.
+
+Runs only when `COMFYUI_DIR` names a ComfyUI checkout (with H3 support); `COMFYUI_PYTHON` names the
+Python that has ComfyUI's requirements (default: this one). The checkout is only read: models,
+custom nodes, input and output live in a temporary `--base-directory`. The H3 VAEs are ComfyUI's own
+classes at small widths with random weights (`tests/comfy_harness/real_comfy.py`), since the
+released weights are gigabytes.
+
+Checks: the pack loads through ComfyUI's loader and lists its nodes; the example decode workflow
+(`examples/h3_decode_latent_streaming_api.json`) runs; the streaming decode's IMAGE output equals
+core `VAEDecode`'s bit for bit; the AV latent's MP4 has every frame and an audio stream, and the
+node's audio equals core `VAEDecodeAudio`'s; the routes answer and validate their inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
+pytestmark = [
+    pytest.mark.comfyui,
+    pytest.mark.slow,
+    pytest.mark.skipif(not COMFYUI_DIR, reason="set COMFYUI_DIR to a ComfyUI checkout (and COMFYUI_PYTHON) to run"),
+]
+START_TIMEOUT_S = 180
+PROMPT_TIMEOUT_S = 300
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def _post_json(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        raise AssertionError(f"POST {url} -> {error.code}: {error.read().decode()[:2000]}") from error
+
+
+@pytest.fixture(scope="module")
+def comfy(tmp_path_factory):
+    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
+    base = tmp_path_factory.mktemp("comfy-base")
+    for folder in ("custom_nodes", "models/vae", "input", "output", "temp", "user"):
+        (base / folder).mkdir(parents=True)
+    (base / "custom_nodes" / "H3-Director").symlink_to(REPO, target_is_directory=True)
+    test_nodes = base / "custom_nodes" / "h3director_test_nodes"
+    test_nodes.mkdir()
+    shutil.copy(REPO / "tests/comfy_harness/real_node/__init__.py", test_nodes / "__init__.py")
+    shutil.copy(REPO / "tests/comfy_harness/real_comfy.py", test_nodes / "real_comfy.py")
+    make_weights = (
+        f"import sys; sys.path.insert(0, {COMFYUI_DIR!r}); sys.path.insert(0, {str(test_nodes)!r});"
+        "sys.argv = ['main.py', '--cpu']; import comfy.options; comfy.options.enable_args_parsing();"
+        "import real_comfy;"
+        f"real_comfy.write_tiny_weights({str(base / 'models/vae/h3_tiny_video.safetensors')!r},"
+        f" {str(base / 'models/vae/h3_tiny_audio.safetensors')!r})"
+    )
+    subprocess.run([python, "-c", make_weights], check=True, cwd=COMFYUI_DIR, timeout=300)
+    latent = torch.randn(1, 24, 7, 8, 8, generator=torch.Generator().manual_seed(11))
+    import safetensors.torch
+
+    safetensors.torch.save_file({"latent_tensor": latent, "latent_format_version_0": torch.tensor([])},
+                                str(base / "input" / "h3_video.latent"))
+
+    port = _free_port()
+    log = open(base / "comfyui.log", "w")  # noqa: SIM115 - closed in the finalizer below
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    server = subprocess.Popen(
+        [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port), "--base-directory", str(base),
+         "--disable-auto-launch"],
+        cwd=COMFYUI_DIR, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            break
+        try:
+            if _get(f"{url}/system_stats")[0] == 200:
+                break
+        except OSError:
+            time.sleep(1)
+    else:
+        server.kill()
+    if server.poll() is not None:
+        log.close()
+        pytest.fail("ComfyUI did not start:\n" + (base / "comfyui.log").read_text()[-4000:])
+    yield {"url": url, "base": base, "latent": latent}
+    server.terminate()
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+    log.close()
+
+
+def _run(comfy, workflow: dict) -> dict:
+    client = str(uuid.uuid4())
+    prompt_id = _post_json(f"{comfy['url']}/prompt", {"prompt": workflow, "client_id": client})["prompt_id"]
+    deadline = time.monotonic() + PROMPT_TIMEOUT_S
+    while time.monotonic() < deadline:
+        status, body = _get(f"{comfy['url']}/history/{prompt_id}")
+        history = json.loads(body) if status == 200 else {}
+        if prompt_id in history:
+            entry = history[prompt_id]
+            assert entry["status"]["status_str"] == "success", json.dumps(entry["status"])[:4000]
+            return entry["outputs"]
+        time.sleep(0.5)
+    raise AssertionError("prompt did not finish:\n" + (comfy["base"] / "comfyui.log").read_text()[-4000:])
+
+
+def _tensors(comfy, name: str) -> dict:
+    import safetensors.torch
+
+    return safetensors.torch.load_file(str(comfy["base"] / "output" / "tensors" / f"{name}.safetensors"))
+
+
+def test_pack_nodes_are_listed(comfy):
+    info = json.loads(_get(f"{comfy['url']}/object_info")[1])
+    ours = sorted(k for k in info if k.startswith("H3Director"))
+    assert ours == sorted(["H3DirectorDecodeAVStreaming", "H3DirectorMonitorStart", "H3DirectorMonitorStop",
+                           "H3DirectorMemoryGuard", "H3DirectorSharedWrite", "H3DirectorSharedRead",
+                           "H3DirectorFrameOffset", "H3DirectorPlan"])
+    assert all(info[k]["category"].startswith("H3 Director/") for k in ours)
+    extensions = json.loads(_get(f"{comfy['url']}/extensions")[1])
+    assert any(e.endswith("h3director.js") for e in extensions)
+
+
+def test_example_decode_workflow_runs_and_saves_mp4(comfy):
+    import av
+
+    workflow = json.loads((REPO / "examples/h3_decode_latent_streaming_api.json").read_text())
+    workflow["2"]["inputs"]["vae_name"] = "h3_tiny_video.safetensors"
+    outputs = _run(comfy, workflow)
+    video = outputs["4"]["images"][0]
+    status, body = _get(f"{comfy['url']}/view?filename={video['filename']}&subfolder={video['subfolder']}&type=output")
+    assert status == 200 and len(body) > 0
+    path = comfy["base"] / "output" / video["subfolder"] / video["filename"]
+    with av.open(str(path)) as container:
+        assert container.streams.video[0].frames == 22  # 7 latent frames -> 22 frames
+    assert outputs["6"]["images"], "the monitor's timeline image was not saved"
+    status, body = _get(f"{comfy['url']}/h3director/report.png?width=640&height=360")
+    assert status == 200 and body[:8] == b"\x89PNG\r\n\x1a\n"
+    assert _get(f"{comfy['url']}/h3director/report.png?width=99999")[0] == 400
+    stats = json.loads(_get(f"{comfy['url']}/h3director/stats?samples=3")[1])
+    assert stats["timeline"] is not None and len(stats["timeline"]["samples"]) <= 3
+    assert _get(f"{comfy['url']}/h3director/stats?samples=-1")[0] == 400
+
+
+def test_streaming_images_equal_core_vae_decode_bit_for_bit(comfy):
+    workflow = {
+        "1": {"class_type": "LoadLatent", "inputs": {"latent": "h3_video.latent"}},
+        "2": {"class_type": "VAELoader", "inputs": {"vae_name": "h3_tiny_video.safetensors"}},
+        "3": {"class_type": "VAEDecode", "inputs": {"samples": ["1", 0], "vae": ["2", 0]}},
+        "4": {"class_type": "H3DirectorDecodeAVStreaming", "inputs": {
+            "samples": ["1", 0], "vae": ["2", 0], "output": "images", "filename_prefix": "x", "fps": 24.0, "crf": 18}},
+        "5": {"class_type": "H3TestSaveTensor", "inputs": {"name": "core", "image": ["3", 0]}},
+        "6": {"class_type": "H3TestSaveTensor", "inputs": {"name": "streaming", "image": ["4", 0]}},
+    }
+    _run(comfy, workflow)
+    core, streaming = _tensors(comfy, "core")["image"], _tensors(comfy, "streaming")["image"]
+    assert core.shape == (22, 128, 128, 3) and core.dtype == torch.float32
+    assert torch.equal(core, streaming)
+
+
+def test_av_latent_to_mp4_with_audio_equal_to_core_audio_decode(comfy):
+    import av
+
+    workflow = {
+        "1": {"class_type": "EmptyMiniMaxH3LatentAV", "inputs": {"width": 128, "height": 128, "length": 22}},
+        "2": {"class_type": "VAELoader", "inputs": {"vae_name": "h3_tiny_video.safetensors"}},
+        "3": {"class_type": "VAELoader", "inputs": {"vae_name": "h3_tiny_audio.safetensors"}},
+        "4": {"class_type": "H3DirectorDecodeAVStreaming", "inputs": {
+            "samples": ["1", 0], "vae": ["2", 0], "audio_vae": ["3", 0], "output": "video_file",
+            "filename_prefix": "av/h3", "fps": 24.0, "crf": 18}},
+        "5": {"class_type": "VAEDecodeAudio", "inputs": {"samples": ["1", 0], "vae": ["3", 0]}},
+        "6": {"class_type": "H3TestSaveTensor", "inputs": {"name": "core_audio", "audio": ["5", 0]}},
+        "7": {"class_type": "H3TestSaveTensor", "inputs": {"name": "streaming_audio", "audio": ["4", 1]}},
+    }
+    outputs = _run(comfy, workflow)
+    video = outputs["4"]["images"][0]
+    with av.open(str(comfy["base"] / "output" / video["subfolder"] / video["filename"])) as container:
+        assert container.streams.video[0].frames == 22
+        assert len(container.streams.audio) == 1
+    assert torch.equal(_tensors(comfy, "core_audio")["waveform"], _tensors(comfy, "streaming_audio")["waveform"])
+
+
+def test_wrong_latent_is_a_node_error(comfy):
+    workflow = {
+        "1": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
+        "2": {"class_type": "VAELoader", "inputs": {"vae_name": "h3_tiny_video.safetensors"}},
+        "4": {"class_type": "H3DirectorDecodeAVStreaming", "inputs": {
+            "samples": ["1", 0], "vae": ["2", 0], "output": "video_file", "filename_prefix": "bad/h3",
+            "fps": 24.0, "crf": 18}},
+    }
+    with pytest.raises(AssertionError, match="expected an H3 video latent"):
+        _run(comfy, workflow)
+    assert not (comfy["base"] / "output" / "bad").exists() or not any((comfy["base"] / "output" / "bad").iterdir())
+
+
+@pytest.mark.parametrize("name", ["h3_t2v_streaming_api.json", "h3_i2v_streaming_api.json",
+                                  "h3_decode_latent_streaming_api.json"])
+def test_example_workflows_match_the_real_node_definitions(comfy, name):
+    info = json.loads(_get(f"{comfy['url']}/object_info")[1])
+    workflow = json.loads((REPO / "examples" / name).read_text())
+    for node_id, node in workflow.items():
+        spec = info[node["class_type"]]  # KeyError names an unknown node type
+        known = {**spec["input"].get("required", {}), **spec["input"].get("optional", {})}
+        for required in spec["input"].get("required", {}):
+            assert required in node["inputs"], f"{name} node {node_id} lacks required input {required}"
+        for key, value in node["inputs"].items():
+            assert key in known, f"{name} node {node_id} ({node['class_type']}) has unknown input {key}"
+            if isinstance(value, list):
+                source = workflow[value[0]]
+                outputs = info[source["class_type"]]["output"]
+                assert value[1] < len(outputs), f"{name} node {node_id}.{key} links to a missing output"
+                wanted, given = known[key][0], outputs[value[1]]
+                assert wanted == given or "*" in (wanted, given) or isinstance(wanted, list), \
+                    f"{name} node {node_id}.{key}: {given} into {wanted}"

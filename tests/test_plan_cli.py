@@ -1,0 +1,80 @@
+"""`h3director plan`: the JSON schema, the text report, and specific refusals (exit code 2)."""
+
+import json
+
+import pytest
+
+from h3director.cli import main
+
+
+def _run(capsys, *argv):
+    code = main(["plan", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_json_has_geometry_phases_and_recommendation(capsys):
+    code, out, _ = _run(capsys, "--width", "1344", "--height", "768", "--frames", "124",
+                        "--vram", "24GB", "--ram", "64GB", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["geometry"]["latent_frames"] == 37
+    assert data["geometry"]["video_tokens"] == 37 * 1008
+    assert [p["name"] for p in data["phases"]] == ["text_encoding", "sampling", "decode"]
+    for phase in data["phases"]:
+        assert phase["device_bytes"] == phase["weights_bytes"] + phase["working_bytes"]
+        assert isinstance(phase["host_bytes"], int)
+    rec = data["recommendation"]
+    assert rec["fits"] is True
+    assert rec["peak_device_bytes"] <= rec["device_usable_bytes"]
+    assert set(rec["settings"]) >= {"weights", "offload_blocks", "head_chunks", "ffn_chunks", "text_encoder",
+                                    "decode_tiles_per_call", "sink"}
+    assert rec["pool"]["implied_mb"] % 1024 == 0 and rec["pool"]["seed_formula_mb"] % 1024 == 0
+    assert data["budget"]["device_bytes"] == 24 * 1024**3
+
+
+def test_fixed_weights_are_respected(capsys):
+    code, out, _ = _run(capsys, "--width", "736", "--height", "416", "--frames", "124",
+                        "--vram", "16GB", "--ram", "32GB", "--weights", "int8", "--dit-layers", "30", "--json")
+    assert code == 0
+    assert json.loads(out)["recommendation"]["settings"]["weights"] == "int8"
+
+
+def test_text_report_prints_the_table_and_both_pool_sizes(capsys):
+    code, out, _ = _run(capsys, "--width", "1344", "--height", "768", "--frames", "124", "--vram", "24GB",
+                        "--ram", "64GB")
+    assert code == 0
+    assert "37 latent frames x 1008 tokens" in out
+    assert "sampling" in out and "decode" in out and "text_encoding" in out
+    assert "Pool size: planner" in out and "seed formula" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--width", "1340", "--height", "768", "--frames", "124", "--vram", "24GB"], "width 1340 is not a positive multiple of 32"),
+    (["--width", "1344", "--height", "768", "--frames", "130", "--vram", "24GB"], "nearest legal counts are 124 and 141"),
+    (["--width", "1344", "--height", "768", "--frames", "124", "--vram", "2GB", "--ram", "64GB"], "nothing fits"),
+    (["--width", "1344", "--height", "768", "--frames", "124"], "give a budget"),
+    (["--width", "1344", "--height", "768", "--frames", "124", "--vram", "24 parsecs"], "unknown size unit"),
+    (["--width", "1344", "--height", "768", "--frames", "124", "--vram", "24GB", "--weights", "q2"],
+     "unknown weights format"),
+])
+def test_bad_input_gets_a_specific_message(capsys, argv, message):
+    code, _, err = _run(capsys, *argv)
+    assert code == 2
+    assert message in err
+
+
+def test_device_auto_reads_this_machine():
+    import psutil
+    import torch
+
+    from h3director.plan.machine import detect_budget
+
+    budget, source = detect_budget("auto", host_bytes=64 * 1024**3)
+    assert budget.host_bytes == 64 * 1024**3
+    if torch.cuda.is_available():
+        assert budget.device == "cuda" and budget.device_bytes > 0
+    else:
+        assert budget.device == "cpu" and "host RAM" in source
+        auto, _ = detect_budget("auto")
+        assert 0 < auto.host_bytes <= psutil.virtual_memory().total
