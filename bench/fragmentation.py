@@ -4,7 +4,7 @@
                                             [--no-hints] [--csv out.csv] [--plot out.png]
 
 Both allocators get the same capacity and the same trace of allocations and frees. For each we
-report fragmentation over time (the project's one definition, `h3director.core.fragmentation`,
+report fragmentation over time (the project's one definition, `h3director.fragmentation`,
 after every event), allocations that failed (SlotPool: served by its framework fallback; first
 fit: no free run large enough), and the cost of an allocation (wall time of the call, measured
 side by side in one run; the first-fit call also builds the same kind of tensor view over a

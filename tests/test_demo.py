@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 
 import av
-import pytest
 
 from h3director.cli import main
 
 SMALL = ["--frames", "39", "--size", "128x96"]  # 12 latent frames: 2 clips cross-faded, off the 5n+2 grid
 
 
-@pytest.mark.slow
 def test_demo_writes_video_plot_and_reports_identical(tmp_path, capsys):
     code = main(["demo", "--out", str(tmp_path / "out"), *SMALL])
     out = capsys.readouterr().out
@@ -34,7 +32,6 @@ def test_demo_writes_video_plot_and_reports_identical(tmp_path, capsys):
     assert sorted(p.name for p in folder.iterdir()) == ["demo.mp4", "memory.json", "memory.png"]
 
 
-@pytest.mark.slow
 def test_demo_reports_a_difference_when_the_stock_output_changes(tmp_path, capsys, monkeypatch):
     import h3director.integrations.stock_h3 as stock_h3
 

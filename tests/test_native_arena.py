@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from native_helpers import backend_params
 
 from h3director import native
-from h3director.core.fragmentation import fragmentation
 from h3director.errors import InvalidInputError
+from h3director.fragmentation import fragmentation
 
 
 @pytest.fixture(params=backend_params())

@@ -9,10 +9,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from h3director.core.fragmentation import fragmentation
 from h3director.core.pool import OLD, YOUNG, SlotPool
 from h3director.core.pool_heatmap import FALLBACK, FREE, LEASED, pool_heatmap, save_pool_heatmap
 from h3director.errors import InvalidInputError
+from h3director.fragmentation import fragmentation
 
 SLOT = 256
 SLOTS = 32

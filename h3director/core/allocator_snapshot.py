@@ -11,7 +11,7 @@ where ``state`` is "active_allocated", "active_pending_free" (the documentation 
 Free memory is the "inactive" blocks: cached by the allocator, reusable without a new ``cudaMalloc``.
 A free run is a maximal sequence of address-adjacent inactive blocks inside one segment (segments
 are separate ``cudaMalloc`` allocations, so runs never span two). The fragmentation reported is the
-project's one definition, `h3director.core.fragmentation.fragmentation`, over those runs.
+project's one definition, `h3director.fragmentation.fragmentation`, over those runs.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from h3director.core.fragmentation import fragmentation
 from h3director.errors import InvalidInputError
+from h3director.fragmentation import fragmentation
 
 _KNOWN_STATES = frozenset({"active_allocated", "active_pending_free", "active_awaiting_free", "inactive"})
 

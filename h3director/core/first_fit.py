@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import bisect
 
-from h3director.core.fragmentation import fragmentation
 from h3director.errors import InvalidInputError
+from h3director.fragmentation import fragmentation
 
 
 class FirstFitHeap:

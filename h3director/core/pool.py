@@ -27,7 +27,7 @@ Invariants (checked by the property tests in ``tests/test_pool.py``):
 1. No two live leases overlap, and every lease lies inside the block.
 2. Free runs are maximal: no two free runs touch (freed runs coalesce with both neighbours).
 3. Live lease slots + free run slots == slot_count; ``used_bytes == leased slots * slot_bytes``.
-4. ``stats().fragmentation`` is `h3director.core.fragmentation.fragmentation` of the free runs.
+4. ``stats().fragmentation`` is `h3director.fragmentation.fragmentation` of the free runs.
 
 Release
 -------
@@ -70,8 +70,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from h3director.core.fragmentation import fragmentation
 from h3director.errors import InvalidInputError
+from h3director.fragmentation import fragmentation
 from h3director.units import MiB
 
 YOUNG, MIDDLE, OLD = 0, 1, 2
@@ -91,7 +91,7 @@ class PoolStats:
     requested_bytes: int       # bytes the live leases asked for (<= used_bytes; the rest is slot rounding)
     free_bytes: int
     largest_free_bytes: int
-    fragmentation: float       # 1 - largest_free / free, see h3director.core.fragmentation
+    fragmentation: float       # 1 - largest_free / free, see h3director.fragmentation
     live_leases: int
     leases_by_generation: tuple[int, int, int]
     fallback_count: int        # requests served by the framework allocator since creation

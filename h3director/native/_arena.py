@@ -24,7 +24,7 @@ class ArenaFullError(H3DirectorError, MemoryError):
 
 @dataclass(frozen=True)
 class ArenaStats:
-    """A snapshot of an arena, in bytes. `fragmentation` is h3director.core.fragmentation's number."""
+    """A snapshot of an arena, in bytes. `fragmentation` is h3director.fragmentation's number."""
 
     capacity_bytes: int
     used_bytes: int  # bytes in live blocks (each rounded up to the alignment)

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from h3director.core.fragmentation import fragmentation
 from h3director.errors import InvalidInputError
+from h3director.fragmentation import fragmentation
 from h3director.native import _common
 
 NAME = "c"

@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 
-from h3director.core.fragmentation import fragmentation
+from h3director.fragmentation import fragmentation
 from h3director.native import _common
 
 NAME = "numpy"

@@ -75,10 +75,16 @@ class TeeSink(FrameSink):
 
 
 def frame_digests(frames: torch.Tensor | np.ndarray, frame_axis: int) -> list[str]:
-    """SHA-256 (hex) of each frame's bytes along `frame_axis` of a CPU tensor or array, in C order."""
-    array = frames.detach().to("cpu").numpy() if isinstance(frames, torch.Tensor) else frames
-    return [hashlib.sha256(np.ascontiguousarray(np.take(array, i, axis=frame_axis)).tobytes()).hexdigest()
-            for i in range(array.shape[frame_axis])]
+    """SHA-256 (hex) of each frame's bytes along `frame_axis` (C order, the tensor's own dtype), on the CPU.
+
+    Any strides and dtypes (bfloat16 included): each frame is made contiguous by PyTorch, then hashed.
+    """
+    tensor = torch.from_numpy(frames) if isinstance(frames, np.ndarray) else frames.detach().to("cpu")
+    digests = []
+    for index in range(tensor.shape[frame_axis]):
+        frame = tensor.select(frame_axis, index).contiguous().reshape(-1).view(torch.uint8)
+        digests.append(hashlib.sha256(frame.numpy()).hexdigest())
+    return digests
 
 
 class DigestSink(OrderedSink):

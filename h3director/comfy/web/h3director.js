@@ -19,8 +19,8 @@ function render(box, stats) {
       lines.push(`${s.device} alloc ${gib(s.allocated_bytes)} / free ${gib(s.free_bytes)}`);
     }
   }
-  if (stats.shared_store && stats.shared_store.used_bytes != null) {
-    lines.push(`shared store ${gib(stats.shared_store.used_bytes)}`);
+  if (stats.shared_store && stats.shared_store.bytes_held != null) {
+    lines.push(`shared store ${gib(stats.shared_store.bytes_held)} in ${stats.shared_store.entries} entries`);
   }
   const t = stats.timeline;
   if (t && t.samples && t.samples.length) {
