@@ -1,4 +1,4 @@
-"""Measure what docs/parts/decode.md states about decode exactness (tiny configs of the real classes, CPU).
+"""Measure what docs/DECODE.md states about decode exactness (tiny configs of the real classes, CPU).
 
 1. Audio decoder receptive field: the derived influence interval (`decoder_influence`) and the
    measured one (perturb one latent frame by +1, find the samples that change), in samples and in

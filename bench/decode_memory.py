@@ -20,10 +20,10 @@ Modes, all on the same seeded latents through the same model object:
   medium, frames encoded as they are decoded; its rate-control lookahead is the sink's default, 10
   frames (x264's medium uses 40, which `stock-mp4` keeps), which bounds the encoder's memory.
 
-Allocator: by default the workers run with glibc's ``MALLOC_MMAP_THRESHOLD_=1048576``, so blocks of
-1 MiB and more are returned to the OS when freed and the resident set tracks live memory. Without it
-(``--malloc-threshold -1``) glibc raises its threshold as large blocks are freed and keeps freed
-frames cached, which adds tens of MiB of noise, in either direction, to every mode.
+Allocator: the workers run with glibc's defaults. The director pins glibc's mmap threshold itself
+(`video_decode.host_mmap_threshold_mb`, default 1 MiB, `h3director.core.host_heap`), so its freed
+per-clip buffers leave the resident set; the stock path does not. `--malloc-threshold N` sets
+``MALLOC_MMAP_THRESHOLD_=N`` for every worker, to compare both under the same allocator setting.
 
 The director runs with `tiles_per_call=1` (its least-memory execution, bit-identical on the CPU);
 every mode's uint8 frames (before any encoding) are fingerprinted and must agree, or the run fails.
@@ -66,7 +66,8 @@ def _fingerprint(frames) -> str:
 def _worker(mode: str, frames: int, width: int, height: int, threads: int, workdir: str) -> dict:
     import torch
 
-    from h3director.core.peak_rss import current_rss_bytes, peak_rss_bytes, release_free_heap, reset_peak_rss
+    from h3director.core.devices import peak_rss_bytes, process_rss_bytes, reset_peak_rss
+    from h3director.core.host_heap import release_free_heap
     from h3director.geometry import latent_frames_for
     from h3director.integrations.load_vae import video_adapter_for
     from h3director.integrations.stock_h3 import stock_uint8_frames, stock_video_decode
@@ -90,7 +91,7 @@ def _worker(mode: str, frames: int, width: int, height: int, threads: int, workd
 
     release_free_heap()
     exact = reset_peak_rss()
-    base = current_rss_bytes() or 0
+    base = process_rss_bytes()
     cpu0, wall0 = _cpu_seconds(), time.perf_counter()
     fingerprint = None  # the MP4 modes encode frames the uint8 modes fingerprint: same conversion
     if mode in ("stock", "stock-mp4"):
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--repeats", type=int, default=1, help="runs per point; the table keeps the fastest")
     parser.add_argument("--threads", type=int, default=2, help="torch threads in each worker")
-    parser.add_argument("--malloc-threshold", type=int, default=1 << 20,
+    parser.add_argument("--malloc-threshold", type=int, default=-1,
                         help="glibc MALLOC_MMAP_THRESHOLD_ for the workers (bytes; -1: glibc's dynamic default)")
     parser.add_argument("--plot", default=None, help="write the PNG plot here")
     parser.add_argument("--json", default=None, help="write all raw results here")

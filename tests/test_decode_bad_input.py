@@ -118,3 +118,16 @@ def test_budget_from_config(monkeypatch, h3):
     with pytest.raises(BudgetError, match="h3_config.yaml memory_safety") as refused:
         stream_decode(h3, torch.randn(1, 24, 7, 8, 8), RefusingSink())
     assert "memory_safety.max_host_memory_mb: " in str(refused.value)
+
+
+def test_budget_refusal_suggests_a_file_sink_only_when_the_sink_holds_the_video(h3):
+    class FileLikeSink(BigBufferSink):
+        writes_to_disk = True
+
+    latents = torch.randn(1, 24, 7, 24, 40)
+    with pytest.raises(BudgetError) as in_ram:
+        stream_decode(h3, latents, BigBufferSink(), budget_bytes=1 * MiB, tiles_per_call=2)
+    with pytest.raises(BudgetError) as on_disk:
+        stream_decode(h3, latents, FileLikeSink(), budget_bytes=1 * MiB, tiles_per_call=2)
+    assert "file sink" in str(in_ram.value)
+    assert "file sink" not in str(on_disk.value) and "a budget of" in str(on_disk.value)

@@ -10,7 +10,7 @@ from h3director.video.scheduler import AudioJob, stream_decode
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-# Measured on this tiny config (docs/parts/decode.md): chunked vs full differ by 1.04e-7 at most.
+# Measured on this tiny config (docs/BENCHMARKS.md): chunked vs full differ by 1.04e-7 at most.
 CHUNK_TOLERANCE = 1e-6
 
 

@@ -16,18 +16,14 @@ import torch
 
 from h3director.video.pixels import float_pixels
 from h3director.video.sink import FrameSink, StreamSpec
-from h3director.video.sinks_base import OrderedSink
+from h3director.video.sinks_base import BufferSink
 
 
-class ComfyImageSink(OrderedSink):
+class ComfyImageSink(BufferSink):
     """Frames into one ComfyUI IMAGE `[B * F, H, W, C]` float32 (batch items one after another).
 
     Memory: exactly the returned tensor, ``B * F * H * W * C * 4`` bytes.
     """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._out: torch.Tensor | None = None
 
     def bytes_needed(self, spec: StreamSpec) -> int:
         return spec.batch * spec.frames * spec.frame_pixels * 4
@@ -42,14 +38,6 @@ class ComfyImageSink(OrderedSink):
             first = item * self.spec.frames + start
             self._out[first:first + count].copy_(float_pixels(frames[item], self.spec))
 
-    def finish(self) -> torch.Tensor:
-        self._check_complete()
-        out, self._out = self._out, None
-        return out
-
-    def abort(self) -> None:
-        self._out = None
-
 
 class LastFrameTap(FrameSink):
     """Forwards everything to `inner` and keeps the video's last frame as a `[1, H, W, C]` IMAGE."""
@@ -57,6 +45,7 @@ class LastFrameTap(FrameSink):
     def __init__(self, inner: FrameSink) -> None:
         self.inner = inner
         self.supports_audio = inner.supports_audio
+        self.writes_to_disk = inner.writes_to_disk
         self.last_frame: torch.Tensor | None = None
         self._spec: StreamSpec | None = None
 

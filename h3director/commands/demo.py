@@ -59,24 +59,25 @@ def _parse_size(text: str) -> tuple[int, int]:
 
 
 class _Phase:
-    """Measure one phase: exact peak RSS above its start (see `h3director.core.peak_rss`) and wall time."""
+    """Measure one phase: exact peak RSS above its start (`h3director.core.devices.reset_peak_rss`) and wall time."""
 
     def __init__(self, monitor, name: str) -> None:
         self.monitor, self.name = monitor, name
 
     def __enter__(self) -> _Phase:
-        from h3director.core.peak_rss import current_rss_bytes, release_free_heap, reset_peak_rss
+        from h3director.core.devices import process_rss_bytes, reset_peak_rss
+        from h3director.core.host_heap import release_free_heap
 
         release_free_heap()
         self.exact = reset_peak_rss()
-        self.base = current_rss_bytes() or 0
+        self.base = process_rss_bytes()
         self._phase = self.monitor.phase(self.name)
         self._phase.__enter__()
         self.started = time.perf_counter()
         return self
 
     def __exit__(self, *exc_info) -> None:
-        from h3director.core.peak_rss import peak_rss_bytes
+        from h3director.core.devices import peak_rss_bytes
 
         self.seconds = time.perf_counter() - self.started
         self._phase.__exit__(*exc_info)

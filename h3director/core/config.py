@@ -77,6 +77,7 @@ class VideoDecode(_Section):
     oom_retry: bool = True
     crf: int = Field(default=18, ge=0, le=51)
     audio_chunk_seconds: float = Field(default=10.0, gt=0, le=3600)
+    host_mmap_threshold_mb: int | None = Field(default=1, ge=0, le=32)
 
 
 class VideoUpscale(_Section):

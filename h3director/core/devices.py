@@ -133,6 +133,18 @@ def _this_process() -> psutil.Process:
         return _PROCESS
 
 
+def reset_peak_rss() -> bool:
+    """Reset this process's peak-RSS mark (`VmHWM`) to its current RSS, so `peak_rss_bytes()` measures
+    one phase exactly (Linux >= 4.0: writes 5 to /proc/self/clear_refs). False where that is impossible.
+    """
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def process_rss_bytes() -> int:
     """Resident set size of this process (bytes): one cheap read, for frequent sampling."""
     return int(_this_process().memory_info().rss)

@@ -9,7 +9,7 @@ rounding: convolution kernels may sum in a different order for a different input
 The receptive field is derived from the module tree (`decoder_influence`: interval arithmetic over
 every convolution, transposed convolution and anti-aliased resampler, which depends only on kernel
 sizes, strides, dilations and paddings, not on widths or weights) and measured (perturb one latent
-frame, see which samples change) in `tests/test_stream_decode_audio.py`; `docs/parts/decode.md`
+frame, see which samples change) in `tests/test_stream_decode_audio.py`; `docs/BENCHMARKS.md`
 records both. For the released config (and `tiny_h3_audio_vae`, which keeps its rates, kernels and
 dilations) the derived bound is 28.6 latent frames backward and 29.6 forward, so chunks get 31
 frames of context (0.78 s) each side; measured, a latent frame changes samples from 23.5 frames

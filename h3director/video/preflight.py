@@ -82,7 +82,7 @@ def preflight(adapter: VideoDecoderAdapter, latents_shape: tuple[int, ...], spec
             fixes = []
             if least < clip_bytes:
                 fixes.append(f"video_decode.tiles_per_call: 1 (one clip then needs {format_size(least)})")
-            if on_host and sink_bytes > 0:
+            if on_host and sink_bytes > 0 and not sink.writes_to_disk:
                 fixes.append("a file sink (video_decode.sink: memmap or video; --sink memmap, or --out *.mp4)")
             needed_mb = -(-min(least_need, device_need) // MiB)
             if budget.source == ARGUMENT:
@@ -97,10 +97,11 @@ def preflight(adapter: VideoDecoderAdapter, latents_shape: tuple[int, ...], spec
                 f"To fit, set " + "; or ".join(fixes)
             )
     if not on_host and budget.host_bytes is not None and sink_bytes > budget.host_bytes:
+        file_sink = "" if sink.writes_to_disk else (
+            "use a file sink (video_decode.sink: memmap or video; --sink memmap, or --out *.mp4), or ")
         raise BudgetError(
             f"the {type(sink).__name__} holds {format_size(sink_bytes)} of frames in host RAM, but "
-            f"memory_safety.max_host_memory_mb allows {format_size(budget.host_bytes)}. To fit, use a file sink "
-            f"(video_decode.sink: memmap or video; --sink memmap, or --out *.mp4), or set "
+            f"memory_safety.max_host_memory_mb allows {format_size(budget.host_bytes)}. To fit, {file_sink}set "
             f"memory_safety.max_host_memory_mb: {-(-sink_bytes // MiB)} or more"
         )
     return PreflightResult(clip_bytes=clip_bytes, sink_bytes=sink_bytes, execution=execution, budget=budget)

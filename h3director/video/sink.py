@@ -51,6 +51,8 @@ class FrameSink(ABC):
     """Receives finished frames from the scheduler. Subclasses document their own memory cost."""
 
     supports_audio: bool = False
+    writes_to_disk: bool = False
+    """True for sinks that stream frames to a file, holding only a clip or so in RAM."""
 
     @abstractmethod
     def begin(self, spec: StreamSpec) -> None:

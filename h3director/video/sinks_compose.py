@@ -33,6 +33,7 @@ class TeeSink(FrameSink):
             raise InvalidInputError("TeeSink needs at least one sink")
         self.sinks = list(sinks)
         self.supports_audio = any(sink.supports_audio for sink in self.sinks)
+        self.writes_to_disk = all(sink.writes_to_disk for sink in self.sinks)
 
     def bytes_needed(self, spec: StreamSpec) -> int:
         return sum(sink.bytes_needed(spec) for sink in self.sinks)

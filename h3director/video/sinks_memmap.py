@@ -54,6 +54,8 @@ class MemmapSink(OrderedSink):
     ``F * H * W * C * itemsize`` bytes (checked in `begin`). `finish()` returns the final path.
     """
 
+    writes_to_disk = True
+
     def __init__(self, path: str | os.PathLike, dtype: str = "uint8", *, resume: bool = False,
                  job: str | None = None, threads: int = 1) -> None:
         super().__init__()

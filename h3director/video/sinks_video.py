@@ -59,6 +59,7 @@ class VideoFileSink(OrderedSink):
     """
 
     supports_audio = True
+    writes_to_disk = True
 
     def __init__(self, path: str | os.PathLike, fps: float | None = None, crf: int = 18, *,
                  preset: str = "medium", lookahead: int | None = DEFAULT_LOOKAHEAD, audio_codec: str = "aac",
