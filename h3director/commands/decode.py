@@ -108,11 +108,11 @@ def _progress(enabled: bool):
 
 
 def run(args: argparse.Namespace) -> int:
+    from h3director.core.atomic_file import check_output_path
     from h3director.core.config import load_config
     from h3director.errors import InvalidInputError
     from h3director.integrations.load_vae import audio_adapter_for, load_vae, video_adapter_for
     from h3director.units import format_size, parse_size
-    from h3director.video.atomic_file import check_output_path
     from h3director.video.latent_file import read_latent_file
     from h3director.video.scheduler import AudioJob, stream_decode
 

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from h3director.core.atomic_file import commit
 from h3director.core.safetensors_header import SafetensorsLimits, read_header
 from h3director.errors import H3DirectorError, InvalidInputError
 
@@ -132,27 +133,15 @@ class DiskTier:
             return False
         return True
 
-    def _fsync_folder(self) -> None:
-        if os.name == "nt":  # pragma: no cover - folders cannot be fsynced on Windows
-            return
-        fd = os.open(self.folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
     def _write_atomically(self, final: Path, data: bytes, *, key: str) -> None:
         tmp = self.folder / f".tmp-{key}-{os.getpid()}-{secrets.token_hex(8)}.partial"
         try:
             with open(tmp, "xb") as handle:
                 handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, final)
+            commit(tmp, final)
         except BaseException:
             self._remove_owned(tmp)
             raise
-        self._fsync_folder()
 
     # ------------------------------------------------------------------ entries
 

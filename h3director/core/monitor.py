@@ -43,6 +43,7 @@ from typing import Any
 
 import psutil
 
+from h3director.core.atomic_file import atomic_path
 from h3director.core.devices import (
     linux_rss_and_peak,
     nvml_process_gpu_bytes,
@@ -207,21 +208,6 @@ def _peaks(samples: Sequence[Sample], series: Sequence[str]) -> dict[str, float]
         if finite:
             peaks[name] = max(finite)
     return peaks
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a hidden temporary path next to ``path``; on success rename it to ``path`` (a finished
-    file or nothing ever carries the final name), on failure remove it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        yield temporary
-        os.replace(temporary, path)
-    finally:
-        if temporary.exists():
-            temporary.unlink()
 
 
 def _atomic_write(path: str | os.PathLike, write: Callable[[Any], None], *, newline: str | None) -> Path:

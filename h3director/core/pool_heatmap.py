@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from h3director.core.atomic_file import atomic_path
 from h3director.core.pool import SlotPool
 from h3director.units import format_size
 
@@ -92,10 +93,6 @@ def save_pool_heatmap(pool: SlotPool, path: str | os.PathLike, *, columns: int |
                  Patch(color=COLORS[FALLBACK], label="fallback (outside the pool)")],
         loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=3, fontsize=8,
     )
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_path(path) as temporary:
+        fig.savefig(temporary, format="png", dpi=100, bbox_inches="tight")
     return heatmap

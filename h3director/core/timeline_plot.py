@@ -96,7 +96,7 @@ def plot_timeline(report: MonitorReport, path: str | os.PathLike, *, title: str 
         figure.suptitle(title, fontsize=10)
     figure.tight_layout()
 
-    from h3director.core.monitor import atomic_path
+    from h3director.core.atomic_file import atomic_path
 
     with atomic_path(path) as temporary:
         figure.savefig(temporary, format="png")

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from numpy.lib.format import open_memmap
 
+from h3director.core.atomic_file import check_output_path, commit, remove_quietly, temporary_path
 from h3director.errors import InvalidInputError
 from h3director.geometry import CLIP_LENGTH
-from h3director.video.atomic_file import check_output_path, commit, remove_quietly, temporary_path
 from h3director.video.pixels import float_pixels, uint8_pixels
 from h3director.video.sink import StreamSpec
 from h3director.video.sinks_base import OrderedSink, require_single_video

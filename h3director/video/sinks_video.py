@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from h3director.core.atomic_file import check_output_path, commit, remove_quietly, temporary_path
 from h3director.errors import InvalidInputError
 from h3director.geometry import CLIP_LENGTH
-from h3director.video.atomic_file import check_output_path, commit, remove_quietly, temporary_path
 from h3director.video.pixels import uint8_pixels
 from h3director.video.sink import StreamSpec
 from h3director.video.sinks_base import OrderedSink, require_single_video

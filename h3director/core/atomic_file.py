@@ -1,15 +1,17 @@
 """Write-then-rename for file outputs: a final name only ever holds a finished file.
 
-A sink writes to a hidden temporary name in the destination's own folder (same filesystem, so the
-rename is atomic), fsyncs it, and renames it over the final name in `commit`. Until then an existing
-file at the final name is untouched; a crash leaves at most the temporary, which never carries the
-final name or its extension.
+Every file H3 Director writes (sinks, reports, plots, disk-tier entries) goes to a hidden temporary
+name in the destination's own folder (same filesystem, so the rename is atomic), is fsynced, and is
+renamed over the final name by `commit`. Until then an existing file at the final name is untouched;
+a crash leaves at most the temporary, which never carries the final name or its extension.
+`atomic_path` wraps the whole sequence for writers that finish in one block.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from h3director.errors import InvalidInputError
@@ -59,3 +61,17 @@ def remove_quietly(*paths: Path | None) -> None:
         if path is not None:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a hidden temporary path next to `path` (its folder is created); when the block succeeds,
+    `commit` it to `path`, when it fails, remove it. A finished file or nothing carries the final name."""
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    temporary = temporary_path(final, f"{os.getpid()}.tmp")
+    try:
+        yield temporary
+        commit(temporary, final)
+    finally:
+        remove_quietly(temporary)
