@@ -65,6 +65,7 @@ from h3director.geometry import (
     VIDEO_LATENT_CHANNELS,
     latent_frames_for,
 )
+from h3director.plan.decode import split_tiles
 from h3director.units import MiB, format_size
 
 FP16 = 2
@@ -99,12 +100,8 @@ class TraceBuilder:
 
 def _tile_count(length: int, tile: int, overlap: int) -> int:
     """Tiles diffusers' `_split_tiles` lays over ``length`` pixels (smallest count covering it)."""
-    if tile >= length:
-        return 1
-    count = math.ceil(length / tile)
-    while tile * count - overlap * (count - 1) < length:
-        count += 1
-    return count
+    starts, _ = split_tiles(length, tile, overlap, SPATIAL_RATIO)
+    return len(starts)
 
 
 def h3_decode_upscale_trace(width: int, height: int, frames: int, *, layers: int = 36, upscale: int = 2) -> list[Event]:
@@ -112,7 +109,7 @@ def h3_decode_upscale_trace(width: int, height: int, frames: int, *, layers: int
     t = TraceBuilder()
     latent_frames = latent_frames_for(frames)
     clips = H3_TEMPORAL.reference_clip_count(latent_frames)
-    clip_latents = H3_TEMPORAL.tokens_chunk_size + H3_TEMPORAL.token_overlap       # 7
+    clip_latents = H3_TEMPORAL.clip_latent_frames                                   # 7
     clip_frames = CLIP_LENGTH + H3_TEMPORAL.frame_overlap                           # 22
     lh, lw = height // SPATIAL_RATIO, width // SPATIAL_RATIO
     tile = min(256, height, width)

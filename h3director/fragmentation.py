@@ -12,6 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 
+def fragmentation_of(largest_free_run: int, total_free: int) -> float:
+    """The same number from its two inputs, for allocators that report them directly (the C arena)."""
+    if largest_free_run < 0 or total_free < largest_free_run:
+        raise ValueError(f"need 0 <= largest_free_run <= total_free, got {largest_free_run} and {total_free}")
+    return 1.0 - largest_free_run / total_free if total_free else 0.0
+
+
 def fragmentation(free_run_sizes: Iterable[int]) -> float:
     """Fragmentation of a heap whose free runs have the given sizes (any unit, usually bytes).
 
@@ -25,6 +32,4 @@ def fragmentation(free_run_sizes: Iterable[int]) -> float:
             raise ValueError(f"free run size must be >= 0, got {size}")
         total += size
         largest = max(largest, size)
-    if total == 0:
-        return 0.0
-    return 1.0 - largest / total
+    return fragmentation_of(largest, total)

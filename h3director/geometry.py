@@ -64,6 +64,11 @@ class TemporalGeometry:
         return (-self.token_drop) % self.tokens_chunk_size
 
     @property
+    def clip_latent_frames(self) -> int:
+        """Latent frames one decoder call sees: `tokens_chunk_size + token_overlap` (7 for H3)."""
+        return self.tokens_chunk_size + self.token_overlap
+
+    @property
     def frame_overlap(self) -> int:
         """Pixel frames over which consecutive clips are cross-faded (5 for H3)."""
         return max(self.token_overlap * self.temporal_ratio - self.frame_pre_padding, 0)
@@ -329,8 +334,9 @@ def video_tokens(width: int, height: int, frames: int) -> int:
 
 
 def audio_latent_frames_for(frames: int, fps: int = VIDEO_FPS) -> int:
-    """Audio latent frames covering `frames` video frames: 5 audio latents per 3 video frames at 24 fps."""
-    return math.ceil(frames * AUDIO_LATENTS_PER_SECOND / fps)
+    """Audio latent frames that go with `frames` video frames: the clip's duration times 40, rounded
+    to the nearest integer, as ComfyUI's H3 nodes size the audio latent (124 frames -> 207)."""
+    return round(frames / fps * AUDIO_LATENTS_PER_SECOND)
 
 
 def audio_samples_for(audio_latent_frames: int) -> int:

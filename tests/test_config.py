@@ -180,6 +180,13 @@ def test_env_overrides_nested_and_typed_as_yaml():
     assert "H3_TORCH_VERSION" not in config.env_overrides
 
 
+def test_env_override_of_a_whole_section_is_recorded_under_its_variable():
+    config = validate_config({}, env={"H3_MEMORY_SAFETY": "{enabled: false, max_gpu_memory_mb: 512}"})
+    assert config.memory_safety.enabled is False
+    assert config.memory_safety.max_gpu_memory_mb == 512
+    assert config.env_overrides == {"H3_MEMORY_SAFETY": {"enabled": False, "max_gpu_memory_mb": 512}}
+
+
 def test_env_override_errors_name_the_variable():
     found = _problems({}, env={"H3_MEMORY_OPTIMIZATION_LEVEL": "high", "H3_MEMORY_SAFETY_MAX_GPU_MEMORY_MB": "8000",
                                "H3_MONITOR__UPDATE_INTERVAL": "100"})

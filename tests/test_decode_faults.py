@@ -163,3 +163,16 @@ def test_resumed_job_decodes_only_the_unfinished_clips(small_h3, latents, tmp_pa
     assert report.resumed_frames == 34 and report.clips_decoded == 2
     assert [clip for clip, stage in started if stage == STAGE_START] == [1, 2]
     assert np.array_equal(np.load(tmp_path / "v.npy"), np.load(tmp_path / "full.npy"))
+
+
+def test_accelerator_allocation_failures_count_as_out_of_memory():
+    # cudaMallocAsync reports allocation failures as torch.AcceleratorError with CUDA's error code 2
+    from h3director.video.faults import is_out_of_memory
+
+    allocation = torch.AcceleratorError("CUDA error: an allocation failed")
+    allocation.error_code = 2
+    other = torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+    other.error_code = 700
+    assert is_out_of_memory(allocation)
+    assert not is_out_of_memory(other)
+    assert not is_out_of_memory(ValueError("out of memory"))

@@ -111,3 +111,19 @@ def test_first_clip_for_a_resumed_job():
     assert schedule.first_clip_for(34) == 1
     assert schedule.first_clip_for(56) == 3   # nothing left
     assert causal_schedule(5, 4).first_clip_for(9) == 0   # a causal cache needs every earlier step
+
+
+@pytest.mark.parametrize("frames", [5, 22, 56, 124, 141, 209, 362])
+def test_audio_latents_follow_comfyui_temporal_shape(frames):
+    # ComfyUI's comfy_extras/nodes_minimax_h3.py temporal_shape: round(frame_count / FPS * AUDIO_LATENT_FPS)
+    from h3director.geometry import audio_latent_frames_for
+
+    duration_s = frames / 24
+    assert audio_latent_frames_for(frames) == round(duration_s * 40)
+    assert abs(audio_latent_frames_for(frames) - frames * 5 / 3) < 0.5   # 5 audio latents per 3 video frames
+
+
+def test_audio_latents_for_the_published_lengths():
+    from h3director.geometry import audio_latent_frames_for
+
+    assert audio_latent_frames_for(124) == 207 and audio_latent_frames_for(56) == 93

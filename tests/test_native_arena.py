@@ -37,12 +37,15 @@ def _check_invariants(arena: native.Arena, live: dict[int, tuple[native.Lease, i
     assert stats.high_water_bytes == high_water
     assert 0 <= stats.largest_free_bytes <= stats.free_bytes
     assert (stats.free_blocks == 0) == (stats.free_bytes == 0)
-    expected_frag = fragmentation([stats.largest_free_bytes, stats.free_bytes - stats.largest_free_bytes])
-    assert stats.fragmentation == pytest.approx(expected_frag)
     spans = sorted((lease.offset, lease.offset + rounded[k]) for k, (lease, _) in live.items())
     for (_, end), (start, _) in itertools.pairwise(spans):
         assert end <= start, "two live leases overlap"
     assert all(0 <= s and e <= arena.capacity_bytes for s, e in spans)
+    # free runs are the gaps between live leases (freeing coalesces with both neighbours)
+    edges = [0, *itertools.chain.from_iterable(spans), arena.capacity_bytes]
+    gaps = [end - start for start, end in zip(edges[::2], edges[1::2], strict=True) if end > start]
+    assert stats.largest_free_bytes == max(gaps, default=0)
+    assert stats.fragmentation == pytest.approx(fragmentation(gaps))
     for lease, fill in live.values():  # nobody wrote over anybody else's bytes
         assert (lease.numpy() == fill).all()
 
@@ -80,6 +83,18 @@ def test_random_traces_keep_invariants(backend, alignment, ops):
     gc.collect()
     stats = arena.stats()
     assert stats.used_bytes == 0 and stats.free_blocks == 1 and stats.fragmentation == 0.0
+
+
+def test_fragmentation_of_scattered_free_runs(backend):
+    arena = native.Arena(6 * 64, alignment=64, backend=backend)
+    leases = [arena.lease(64) for _ in range(6)]
+    for lease in leases[::2]:  # three separate free runs of 64 bytes
+        lease.release()
+    del lease
+    gc.collect()
+    stats = arena.stats()
+    assert (stats.free_blocks, stats.free_bytes, stats.largest_free_bytes) == (3, 192, 64)
+    assert stats.fragmentation == pytest.approx(fragmentation([64, 64, 64]))
 
 
 def test_tensor_outliving_its_lease_keeps_its_memory(backend):

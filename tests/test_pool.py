@@ -290,6 +290,25 @@ def test_monitor_samples_pool_usage_and_fragmentation():
     assert report.units["pool_fragmentation"] == "ratio"
 
 
+def test_monitor_reads_the_pool_stats_once_per_sample(monkeypatch):
+    from h3director.core.monitor import Monitor
+
+    pool = SlotPool(4 * SLOT, SLOT, generation_gc_interval_ms=0)
+    held = pool.lease(SLOT, torch.uint8)
+    calls = []
+    real_stats = pool.stats
+    monkeypatch.setattr(pool, "stats", lambda: calls.append(1) or real_stats())
+    monitor = Monitor(interval_ms=60_000, devices=())
+    pool.attach_to_monitor(monitor)
+    with monitor:  # one sample on start, one on stop; the sampler thread's first tick is a minute away
+        pass
+    report = monitor.report()
+    assert len(report.samples) == 2
+    assert len(calls) == 2
+    assert report.values("pool_used_bytes") == [SLOT, SLOT]
+    held.release()
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.integers(1, 4000)), min_size=1, max_size=80))
 def test_first_fit_baseline_keeps_its_invariants(ops):

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from h3director.errors import InvalidInputError
+from h3director.geometry import AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS
 
 VIDEO_SHAPE = "[B, 24, T, H/16, W/16]"
 AUDIO_SHAPE = "[B, 32, 2, T_audio]"
@@ -53,11 +54,12 @@ def split_av_latent(latent: Any) -> AVLatent:
         video = samples
     if not isinstance(video, torch.Tensor):
         raise InvalidInputError(f"expected a tensor video latent, got {type(video).__name__}")
-    if video.ndim != 5 or video.shape[1] != 24:
+    if video.ndim != 5 or video.shape[1] != VIDEO_LATENT_CHANNELS:
         hint = " (this looks like an image latent; H3 decodes video latents)" if video.ndim == 4 else ""
         raise InvalidInputError(f"expected an H3 video latent {VIDEO_SHAPE}, got shape {_shape(video)}{hint}")
     if audio is not None:
-        if not isinstance(audio, torch.Tensor) or audio.ndim != 4 or audio.shape[1] != 32 or audio.shape[2] != 2:
+        if (not isinstance(audio, torch.Tensor) or audio.ndim != 4 or audio.shape[1] != AUDIO_LATENT_CHANNELS
+                or audio.shape[2] != 2):
             raise InvalidInputError(f"expected an H3 audio latent {AUDIO_SHAPE}, got shape {_shape(audio)}")
         if audio.shape[0] != video.shape[0]:
             raise InvalidInputError(

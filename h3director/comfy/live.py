@@ -30,14 +30,14 @@ class MonitorHandle:
 def default_devices() -> list[str]:
     """The host plus ComfyUI's torch device when it is an accelerator."""
     devices = ["cpu"]
-    try:
-        import comfy.model_management
+    from h3director.comfy import runtime
 
-        device = comfy.model_management.get_torch_device()
-        if getattr(device, "type", "cpu") in ("cuda", "mps"):
-            devices.append(str(device))
-    except ImportError:
-        pass
+    try:
+        device = runtime.torch_device()
+    except ImportError:  # outside ComfyUI
+        return devices
+    if getattr(device, "type", "cpu") in ("cuda", "mps"):
+        devices.append(str(device))
     return devices
 
 

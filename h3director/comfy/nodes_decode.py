@@ -28,16 +28,14 @@ def _report_text(report, target: str | None) -> str:
     return "\n".join(lines)
 
 
-def make_room_for_decode(vae, adapter, latents_shape) -> int:
+def make_room_for_decode(vae, adapter, clip_bytes: int) -> int:
     """Unload other models when one clip plus the VAE weights will not fit the VAE device; return the need.
 
-    The need is ComfyUI's own per-clip estimate (`vae.memory_used_decode` for one clip's latents)
+    The need is `clip_bytes` (ComfyUI's own per-clip estimate, `adapter.clip_working_set_bytes`)
     plus the VAE's weights; on the CPU nothing is unloaded (models there are host memory anyway).
     """
     from h3director.comfy import runtime
 
-    batch, _, _, height, width = latents_shape
-    clip_bytes = adapter.clip_working_set_bytes(batch, height, width, adapter.default_execution())
     need = clip_bytes + int(vae.model_size() if hasattr(vae, "model_size") else 0)
     if adapter.device.type != "cpu" and runtime.free_bytes(adapter.device) < need:
         runtime.free_device_memory(need, adapter.device)
@@ -106,14 +104,14 @@ class DecodeAVStreaming(io.ComfyNode):
             raise InvalidInputError("the latent carries audio but no audio_vae is connected: connect the MiniMax "
                                     "H3 audio VAE, or pass a video-only latent")
 
-        adapter = ComfyH3VideoAdapter(
-            vae, on_out_of_memory=lambda: runtime.free_device_memory(
-                adapter.clip_working_set_bytes(video.shape[0], video.shape[3], video.shape[4],
-                                               adapter.default_execution()) * 2, adapter.device))
+        adapter = ComfyH3VideoAdapter(vae)
         audio_adapter = ComfyH3AudioAdapter(audio_vae) if av_latent.audio is not None else None
         if audio_adapter is not None:
             audio_adapter.validate(av_latent.audio)
         adapter.validate(video)
+        clip_bytes = adapter.clip_working_set_bytes(video.shape[0], video.shape[3], video.shape[4],
+                                                    adapter.default_execution())
+        adapter.on_out_of_memory = lambda: runtime.free_device_memory(2 * clip_bytes, adapter.device)
         # The video file muxes the soundtrack as it is written; IMAGE mode returns it beside the frames.
         audio_job = AudioJob(adapter=audio_adapter, latents=av_latent.audio) \
             if audio_adapter is not None and output == OUTPUT_VIDEO else None
@@ -136,7 +134,7 @@ class DecodeAVStreaming(io.ComfyNode):
         with phase("H3 streaming decode"):
             # audio first: loading the audio VAE may move the video VAE off the device
             waveform = audio_adapter.decode(av_latent.audio) if audio_adapter is not None else None
-            make_room_for_decode(vae, adapter, tuple(video.shape))
+            make_room_for_decode(vae, adapter, clip_bytes)
             report = stream_decode(adapter, video, sink, budget_bytes=budget, audio=audio_job,
                                    on_progress=_progress_callback())
         audio_out = None if waveform is None else {"waveform": waveform, "sample_rate": audio_adapter.sample_rate}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
+from h3director.geometry import PATCH_SIZE
 from h3director.units import GiB
 
 GUARD_KEY = "h3director_memory_guard"
@@ -19,7 +20,6 @@ ACTIONS = ["from config", "stop_and_clear", "reduce_batch", "fallback_to_cpu"]
 # Transient bytes per packed token of one H3 DiT block forward (bf16, fused attention): measured
 # ~116 KB per token (h3-facts.md, ComfyUI-H3-Extended chunked_ref2v/PLAN.md).
 BYTES_PER_TOKEN = 116_000
-PATCH = 2
 
 
 def forward_tokens(x) -> int:
@@ -29,7 +29,7 @@ def forward_tokens(x) -> int:
     for tensor in tensors:
         shape = tuple(getattr(tensor, "shape", ()))
         if len(shape) == 5:
-            tokens += shape[0] * shape[2] * -(-shape[3] // PATCH) * -(-shape[4] // PATCH)
+            tokens += shape[0] * shape[2] * -(-shape[3] // PATCH_SIZE) * -(-shape[4] // PATCH_SIZE)
         elif len(shape) >= 2:
             tokens += shape[0] * shape[-1]
     return tokens
@@ -67,6 +67,7 @@ class MemoryGuardNode(io.ComfyNode):
     def execute(cls, model, action, budget_gb) -> io.NodeOutput:
         from comfy.patcher_extension import WrappersMP
 
+        from h3director.comfy import runtime
         from h3director.comfy.settings import pack_config
         from h3director.core.guard import MemoryGuard
 
@@ -75,9 +76,7 @@ class MemoryGuardNode(io.ComfyNode):
         device = model.load_device
         budget = int(budget_gb * GiB) if budget_gb else config.memory_safety.max_gpu_memory_bytes
         if budget is None:
-            import comfy.model_management
-
-            budget = int(comfy.model_management.get_total_memory(device))
+            budget = runtime.total_bytes(device)
         guard = MemoryGuard.from_config(config, device=str(device), budget_bytes=budget, action=guard_action,
                                         enabled=True)
         patched = model.clone()

@@ -3,25 +3,32 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from comfy_api.latest import io
 
 MONITOR_TYPE = io.Custom("H3_MONITOR")
 
 
-def report_image(report, title: str):
-    """The report's timeline plot as a ComfyUI IMAGE `[1, H, W, 3]` float32 in [0, 1]."""
+def report_rgb(report, title: str, folder: Path | None = None):
+    """The report's timeline plot as an RGB `PIL.Image`, drawn in a temporary folder (inside
+    `folder` when given, else the system's) that is deleted before this returns."""
     import tempfile
-    from pathlib import Path
 
-    import numpy as np
-    import torch
     from PIL import Image
 
-    with tempfile.TemporaryDirectory(prefix="h3director-plot-") as folder:
-        path = report.plot(Path(folder) / "timeline.png", title=title)
+    with tempfile.TemporaryDirectory(prefix=".h3director-plot-", dir=folder, ignore_cleanup_errors=True) as tmp:
+        path = report.plot(Path(tmp) / "timeline.png", title=title)
         with Image.open(path) as image:
-            pixels = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
+            return image.convert("RGB")
+
+
+def report_image(report, title: str):
+    """The report's timeline plot as a ComfyUI IMAGE `[1, H, W, 3]` float32 in [0, 1]."""
+    import numpy as np
+    import torch
+
+    pixels = np.asarray(report_rgb(report, title), dtype=np.float32) / 255.0
     return torch.from_numpy(pixels).unsqueeze(0)
 
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 from comfy_api.latest import io
 
 from h3director.comfy.latents import split_av_latent
+from h3director.geometry import SPATIAL_RATIO, frames_for_latents
 from h3director.units import GiB, format_size
 
 
 def device_budget_bytes() -> tuple[int | None, str]:
     """Total memory of ComfyUI's torch device (host RAM on the CPU) and its name."""
-    import comfy.model_management
+    from h3director.comfy import runtime
 
-    device = comfy.model_management.get_torch_device()
-    return int(comfy.model_management.get_total_memory(device)), str(device)
+    device = runtime.torch_device()
+    return runtime.total_bytes(device), str(device)
 
 
 def plan_text(width: int, height: int, frames: int, budget_bytes: int | None, device_name: str) -> str:
@@ -53,13 +54,11 @@ class PlanNode(io.ComfyNode):
 
     @classmethod
     def execute(cls, samples, budget_gb) -> io.NodeOutput:
-        from h3director.geometry import frames_for_latents
-
         video = split_av_latent(samples).video
         frames = frames_for_latents(video.shape[2])
         if budget_gb:
             budget, name = int(budget_gb * GiB), "the given budget"
         else:
             budget, name = device_budget_bytes()
-        text = plan_text(video.shape[4] * 16, video.shape[3] * 16, frames, budget, name)
+        text = plan_text(video.shape[4] * SPATIAL_RATIO, video.shape[3] * SPATIAL_RATIO, frames, budget, name)
         return io.NodeOutput(text, ui={"text": (text,)})

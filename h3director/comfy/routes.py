@@ -11,9 +11,9 @@ folder inside ComfyUI's output folder and deleted after it is read: no route wri
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,7 @@ def _pool_stats() -> dict[str, Any] | None:
         stats = shared_store().stats()
     except (ImportError, AttributeError):
         return None
-    return stats.__dict__ if hasattr(stats, "__dict__") else dict(stats)
+    return dataclasses.asdict(stats)
 
 
 def stats_payload(samples: int) -> dict[str, Any]:
@@ -73,28 +73,15 @@ def stats_payload(samples: int) -> dict[str, Any]:
 def render_report_png(output_dir: Path, width: int, height: int) -> bytes:
     """PNG bytes of the running (or last) monitor's timeline; `InvalidInputError` when there is none."""
     from h3director.comfy.live import running_report
+    from h3director.comfy.nodes_monitor import report_rgb
 
     report = running_report()
     if report is None or not report.samples:
         raise InvalidInputError("no memory monitor has run yet: add H3Director Memory Monitor nodes to a prompt")
-    folder = Path(tempfile.mkdtemp(prefix=".h3director-report-", dir=output_dir))
-    try:
-        label = report.metadata.get("label") if isinstance(report.metadata, dict) else None
-        path = report.plot(folder / "report.png", title="H3 Director memory" + (f": {label}" if label else ""))
-        return _resize_png(path, width, height)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _resize_png(path: Path, width: int, height: int) -> bytes:
-    import io
-
-    from PIL import Image
-
-    with Image.open(path) as image:
-        resized = image.convert("RGB").resize((width, height))
-        buffer = io.BytesIO()
-        resized.save(buffer, format="PNG")
+    label = report.metadata.get("label") if isinstance(report.metadata, dict) else None
+    image = report_rgb(report, "H3 Director memory" + (f": {label}" if label else ""), folder=output_dir)
+    buffer = io.BytesIO()
+    image.resize((width, height)).save(buffer, format="PNG")
     return buffer.getvalue()
 
 

@@ -3,7 +3,7 @@
 Mirrors of these functions in the test harness (`tests/comfy_harness/`) keep the same signatures:
 `folder_paths.get_output_directory`, `folder_paths.get_temp_directory`,
 `folder_paths.get_save_image_path`, and `comfy.model_management.{free_memory, get_free_memory,
-load_models_gpu, soft_empty_cache, is_oom, get_torch_device}`.
+get_total_memory, load_models_gpu, soft_empty_cache, get_torch_device}`.
 """
 
 from __future__ import annotations
@@ -55,11 +55,18 @@ def save_target(filename_prefix: str, width: int, height: int, extension: str) -
     return SaveTarget(path=Path(folder) / name, filename=name, subfolder=subfolder)
 
 
-def is_oom(exc: BaseException) -> bool:
-    """ComfyUI's own test for an out-of-memory error (covers cudaMallocAsync's messages too)."""
+def torch_device():
+    """ComfyUI's main torch device (`--cpu` makes it the CPU)."""
     import comfy.model_management
 
-    return bool(comfy.model_management.is_oom(exc))
+    return comfy.model_management.get_torch_device()
+
+
+def total_bytes(device) -> int:
+    """Total memory of `device` as ComfyUI counts it (host RAM for the CPU)."""
+    import comfy.model_management
+
+    return int(comfy.model_management.get_total_memory(device))
 
 
 def free_device_memory(bytes_needed: int, device) -> None:
@@ -82,9 +89,3 @@ def load_vae(vae, bytes_needed: int) -> None:
 
     comfy.model_management.load_models_gpu([vae.patcher], memory_required=bytes_needed,
                                            force_full_load=getattr(vae, "disable_offload", False))
-
-
-def soft_empty_cache() -> None:
-    import comfy.model_management
-
-    comfy.model_management.soft_empty_cache()

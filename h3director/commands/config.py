@@ -31,6 +31,10 @@ def _features_lines(config) -> list[str]:
     return [f"  {name:<26} {'on' if value else 'off'}" for name, value in features.__dict__.items()]
 
 
+def _overrides(config) -> str:
+    return ", ".join(f"{name}={value!r}" for name, value in config.env_overrides.items())
+
+
 def run(args: argparse.Namespace) -> int:
     if args.config_action == "check":
         env = {} if args.no_env else os.environ
@@ -41,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
         print(f"OK: {args.file} (memory_optimization_level {config.memory_optimization_level})")
         if config.env_overrides:
-            print("environment overrides: " + ", ".join(f"{k}={v!r}" for k, v in config.env_overrides.items()))
+            print(f"environment overrides: {_overrides(config)}")
         print("features:")
         print("\n".join(_features_lines(config)))
         for note in config.notes():
@@ -56,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"# source: {config.source}")
     if config.env_overrides:
-        print("# environment overrides: " + ", ".join(f"{k}={v!r}" for k, v in config.env_overrides.items()))
+        print(f"# environment overrides: {_overrides(config)}")
     print("# features: " + (", ".join(config.features().enabled()) or "none"))
     print(config.to_yaml(), end="")
     return 0

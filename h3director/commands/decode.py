@@ -115,10 +115,11 @@ def run(args: argparse.Namespace) -> int:
     from h3director.units import format_size, parse_size
     from h3director.video.latent_file import read_latent_file
     from h3director.video.scheduler import AudioJob, stream_decode
+    from h3director.video.sinks import FILE_SINK_KINDS
 
     config = load_config(args.config)
     decode_settings = config.video_decode
-    out = check_output_path(args.out, (".npy", ".mp4", ".mov", ".mkv"), "--out")
+    out = check_output_path(args.out, tuple(FILE_SINK_KINDS), "--out")
     budget = parse_size(args.budget, binary_gb=True) if args.budget is not None else None
     crf = decode_settings.crf if args.crf is None else args.crf
     if not 0 <= crf <= 51:

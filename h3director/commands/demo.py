@@ -48,13 +48,15 @@ class PhaseResult:
 
 def _parse_size(text: str) -> tuple[int, int]:
     from h3director.errors import InvalidInputError
+    from h3director.geometry import SPATIAL_RATIO
 
     parts = text.lower().split("x")
     if len(parts) != 2 or not all(p.isdigit() for p in parts):
         raise InvalidInputError(f"--size must look like 640x384, got {text!r}")
     width, height = int(parts[0]), int(parts[1])
-    if width < 16 or height < 16 or width % 16 or height % 16:
-        raise InvalidInputError(f"--size: width and height must be positive multiples of 16 (the VAE's), got {text}")
+    if width < SPATIAL_RATIO or height < SPATIAL_RATIO or width % SPATIAL_RATIO or height % SPATIAL_RATIO:
+        raise InvalidInputError(
+            f"--size: width and height must be positive multiples of {SPATIAL_RATIO} (the VAE's), got {text}")
     return width, height
 
 
@@ -109,7 +111,13 @@ def run(args: argparse.Namespace) -> int:
 
     from h3director.core.monitor import Monitor
     from h3director.errors import InvalidInputError
-    from h3director.geometry import audio_latent_frames_for, latent_frames_for
+    from h3director.geometry import (
+        AUDIO_LATENT_CHANNELS,
+        SPATIAL_RATIO,
+        VIDEO_LATENT_CHANNELS,
+        audio_latent_frames_for,
+        latent_frames_for,
+    )
     from h3director.integrations.load_vae import audio_adapter_for, video_adapter_for
     from h3director.integrations.stock_h3 import stock_audio_decode, stock_uint8_frames, stock_video_decode
     from h3director.integrations.tiny import tiny_h3_audio_vae, tiny_h3_vae
@@ -131,8 +139,9 @@ def run(args: argparse.Namespace) -> int:
     video_path = out_dir / "demo.mp4"
 
     generator = torch.Generator().manual_seed(args.seed)
-    latents = torch.randn((1, 24, latent_frames, height // 16, width // 16), generator=generator)
-    audio_latents = torch.randn((2, 32, audio_latent_frames_for(args.frames)), generator=generator)
+    latents = torch.randn((1, VIDEO_LATENT_CHANNELS, latent_frames, height // SPATIAL_RATIO, width // SPATIAL_RATIO),
+                          generator=generator)
+    audio_latents = torch.randn((2, AUDIO_LATENT_CHANNELS, audio_latent_frames_for(args.frames)), generator=generator)
     vae, audio_vae = tiny_h3_vae(seed=args.seed), tiny_h3_audio_vae(seed=args.seed)
     video_adapter, audio_adapter = video_adapter_for(vae), audio_adapter_for(audio_vae)
     print(f"H3 Director demo: {latent_frames} latent frames -> {video_adapter.schedule(latent_frames).frames} "

@@ -117,12 +117,9 @@ def _kernel_children_maxrss() -> int | None:
     On Linux this count survives fork+exec, so it is never below this monitor's own RSS when it
     started the child; `ProcessTree.largest_peak_rss_bytes` (VmHWM) has no such floor.
     """
-    try:
-        import resource
-    except ImportError:
-        return None
-    maxrss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return int(maxrss if sys.platform == "darwin" else maxrss * 1024)
+    from h3director.core.devices import ru_maxrss_bytes
+
+    return ru_maxrss_bytes(children=True)
 
 
 def _write(report, out: Path, no_plot: bool, *, exit_code: int) -> int:

@@ -115,11 +115,12 @@ def cuda_allocator_fragmentation(device: int | None = None) -> AllocatorFragment
     """
     import torch
 
-    if not torch.cuda.is_available():
+    from h3director.core.devices import cuda_allocator_backend
+
+    backend = cuda_allocator_backend()
+    if backend is None:
         raise InvalidInputError("CUDA allocator fragmentation needs a CUDA device; none is available")
-    if torch.cuda.get_allocator_backend() != "native":
-        raise InvalidInputError(
-            f"allocator backend is {torch.cuda.get_allocator_backend()!r}: only the native caching allocator has segments"
-        )
+    if backend != "native":
+        raise InvalidInputError(f"allocator backend is {backend!r}: only the native caching allocator has segments")
     index = torch.cuda.current_device() if device is None else int(device)
     return read_snapshot_fragmentation(torch.cuda.memory_snapshot(include_traces=False), device=index)

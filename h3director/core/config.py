@@ -43,8 +43,8 @@ from pydantic import (
 )
 
 from h3director.errors import ConfigError
+from h3director.units import MiB
 
-MiB = 1024**2
 #: Largest config file read (bytes). A real h3_config.yaml is a few KiB; anything bigger is refused
 #: before parsing, so an untrusted file cannot make the loader spend memory.
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -487,12 +487,14 @@ class _StrictSafeLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _too_large(source: str, shown: str) -> ConfigValidationError:
+    return ConfigValidationError(source, [ConfigProblem("", shown, f"a config file is at most {MAX_CONFIG_BYTES} bytes")])
+
+
 def parse_yaml_text(text: str, source: str) -> dict[str, Any]:
     """Parse config text into a mapping (empty text -> ``{}``); raises `ConfigValidationError`."""
     if len(text.encode("utf-8", "surrogatepass")) > MAX_CONFIG_BYTES:
-        raise ConfigValidationError(
-            source, [ConfigProblem("", f"<{len(text)} characters>", f"a config file is at most {MAX_CONFIG_BYTES} bytes")]
-        )
+        raise _too_large(source, f"<{len(text)} characters>")
     try:
         data = yaml.load(text, Loader=_StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
@@ -520,9 +522,7 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config path {source} is not a file")
     if size > MAX_CONFIG_BYTES:
-        raise ConfigValidationError(
-            source, [ConfigProblem("", f"<{size} bytes>", f"a config file is at most {MAX_CONFIG_BYTES} bytes")]
-        )
+        raise _too_large(source, f"<{size} bytes>")
     with open(path, "rb") as handle:
         raw = handle.read(MAX_CONFIG_BYTES + 1)
     try:
@@ -553,12 +553,16 @@ def env_name(path: tuple[str, ...] | str) -> str:
     return ENV_PREFIX + "__".join(part.upper() for part in parts)
 
 
-def _env_overrides(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str], list[ConfigProblem]]:
-    """Nested overrides from ``H3_...`` variables, each variable's field path, and problems."""
+def _env_overrides(
+    env: Mapping[str, str],
+) -> tuple[dict[str, Any], dict[str, str], dict[str, Any], list[ConfigProblem]]:
+    """Nested overrides from ``H3_...`` variables, the variable behind each field path, each applied
+    variable's parsed value (``{"H3_NAME": value}``), and problems."""
     known = {env_name(path): path for path in _field_paths()}
     top_level = set(H3Config.model_fields)
     overrides: dict[str, Any] = {}
     origin_of: dict[str, str] = {}
+    applied: dict[str, Any] = {}
     problems: list[ConfigProblem] = []
     for name in sorted(env):
         if not name.startswith(ENV_PREFIX) or name in ENV_NOT_CONFIG:
@@ -591,7 +595,8 @@ def _env_overrides(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, st
             target = target.setdefault(part, {})
         target[path[-1]] = parsed
         origin_of[".".join(path)] = name
-    return overrides, origin_of, problems
+        applied[name] = parsed
+    return overrides, origin_of, applied, problems
 
 
 def _merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -629,7 +634,7 @@ def find_config_path(path: str | os.PathLike | None = None, *, env: Mapping[str,
 def validate_config(data: Mapping[str, Any], *, source: str = "<mapping>",
                     env: Mapping[str, str] | None = None) -> H3Config:
     """Validate a mapping (plus ``H3_...`` overrides from ``env``, none when omitted) into `H3Config`."""
-    overrides, origin_of, problems = _env_overrides(env or {})
+    overrides, origin_of, applied, problems = _env_overrides(env or {})
     merged = _merge(dict(data), overrides)
     config = None
     try:
@@ -640,19 +645,8 @@ def validate_config(data: Mapping[str, Any], *, source: str = "<mapping>",
         raise ConfigValidationError(source, problems)
     assert config is not None
     config._source = source
-    config._env_overrides = {origin_of[key]: value for key, value in _flatten(overrides).items()}
+    config._env_overrides = applied
     return config
-
-
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for key, value in tree.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict) and _model_at(tuple(path.split("."))) is not None:
-            flat.update(_flatten(value, path + "."))
-        else:
-            flat[path] = value
-    return flat
 
 
 def load_config(path: str | os.PathLike | None = None, *, env: Mapping[str, str] | None = None) -> H3Config:

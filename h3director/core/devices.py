@@ -113,11 +113,21 @@ def peak_rss_bytes(pid: int | None = None) -> int | None:
     if hasattr(info, "peak_wset"):  # Windows
         return int(info.peak_wset)
     if pid is None or pid == os.getpid():
-        import resource
-
-        maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return int(maxrss if sys.platform == "darwin" else maxrss * 1024)
+        return ru_maxrss_bytes()
     return None
+
+
+def ru_maxrss_bytes(children: bool = False) -> int | None:
+    """``getrusage(...).ru_maxrss`` in bytes (macOS reports bytes, Linux KiB), or None without `resource`.
+
+    ``children=False``: this process; ``children=True``: the largest waited-for child (RUSAGE_CHILDREN).
+    """
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    maxrss = resource.getrusage(resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF).ru_maxrss
+    return int(maxrss if sys.platform == "darwin" else maxrss * 1024)
 
 
 _PROCESS_LOCK = threading.Lock()
@@ -335,10 +345,13 @@ def device_used_bytes(device: Any) -> int:
     """The one "used" number to hold against a budget for ``device`` (bytes).
 
     cpu: process RSS. CUDA native: ``memory_reserved`` (what this process's cache holds, which is what
-    other allocations cannot have). CUDA cudaMallocAsync: the larger of ``memory_reserved`` and
-    ``total - free`` (device-wide; conservative, as the pool's reservation is otherwise invisible).
+    other allocations cannot have). CUDA cudaMallocAsync: ``memory_reserved``, or where that reads 0 the
+    larger of ``total - free`` (device-wide; conservative, as the pool's reservation is otherwise
+    invisible) and ``memory_allocated``. CUDA before the process's first CUDA call: 0.
     MPS: ``driver_allocated_memory``.
     """
+    if parse_device(device)[0] == "cpu":  # the RSS alone: no peak, no system-wide read
+        return process_rss_bytes()
     sample = sample_device(device)
     used = sample.reserved_bytes if sample.reserved_bytes is not None else sample.allocated_bytes
     return int(used or 0)

@@ -18,6 +18,7 @@ from typing import Any
 from h3director import __version__
 from h3director.core import devices
 from h3director.errors import ConfigError
+from h3director.units import format_size
 
 OPTIONAL_PACKAGES = ("diffusers", "av", "gguf", "safetensors", "matplotlib", "nvidia-ml-py", "comfyui")
 ALLOC_CONF_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
@@ -134,7 +135,7 @@ def collect(config_path: str | None = None) -> Environment:
     config = None
     path = str(find_config_path(config_path))
     try:
-        config = load_config(config_path)
+        config = load_config(path)  # the file reported as config_path
         level = config.memory_optimization_level
         features = config.features().enabled()
     except ConfigError as exc:
@@ -196,8 +197,8 @@ def collect(config_path: str | None = None) -> Environment:
     cpu = env.devices[0]
     if cpu.free_bytes is not None and cpu.free_bytes < LONG_VIDEO_F32_BYTES * 2:
         warnings.append(
-            f"only {cpu.free_bytes / 2**30:.1f} GiB of host RAM available: a 362-frame 1344x768 video is "
-            f"{LONG_VIDEO_F32_BYTES / 2**30:.2f} GiB as float32; decode into a uint8, memmap or video sink"
+            f"only {format_size(cpu.free_bytes)} of host RAM available: a 362-frame 1344x768 video is "
+            f"{format_size(LONG_VIDEO_F32_BYTES)} as float32; decode into a uint8, memmap or video sink"
         )
     if env.native_core == "not built" or env.native_core.startswith("numpy"):
         warnings.append("native core not in use: frame packing runs on the numpy fallback (same bytes, slower)")

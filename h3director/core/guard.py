@@ -103,9 +103,16 @@ def _default_device_reader(device: str) -> int:
 
 
 def _default_host_reader() -> int:
-    from h3director.core.devices import sample_host
+    from h3director.core.devices import process_rss_bytes
 
-    return int(sample_host().rss_bytes)
+    return process_rss_bytes()
+
+
+def _safety_options(config) -> dict[str, Any]:
+    """`MemoryGuard` keyword arguments from an `H3Config`'s ``memory_safety`` section."""
+    safety = config.memory_safety
+    return {"budget_bytes": safety.max_gpu_memory_bytes, "host_budget_bytes": safety.max_host_memory_bytes,
+            "action": safety.action_on_exceed, "enabled": safety.enabled}
 
 
 class _Watch:
@@ -206,11 +213,10 @@ class MemoryGuard:
         enabled: bool = True,
     ) -> None:
         if budget_bytes is not None and not isinstance(budget_bytes, int):
-            safety = budget_bytes.memory_safety
-            budget_bytes = safety.max_gpu_memory_bytes
-            host_budget_bytes = safety.max_host_memory_bytes if host_budget_bytes is None else host_budget_bytes
-            action = safety.action_on_exceed
-            enabled = safety.enabled
+            safety = _safety_options(budget_bytes)
+            budget_bytes, action, enabled = safety["budget_bytes"], safety["action"], safety["enabled"]
+            if host_budget_bytes is None:
+                host_budget_bytes = safety["host_budget_bytes"]
         for name, value in (("budget_bytes", budget_bytes), ("host_budget_bytes", host_budget_bytes)):
             if value is not None and value <= 0:
                 raise InvalidInputError(f"{name} must be positive or None, got {value}")
@@ -236,11 +242,7 @@ class MemoryGuard:
     @classmethod
     def from_config(cls, config, device: str | torch.device = "cuda", **kwargs) -> MemoryGuard:
         """The guard an `H3Config`'s ``memory_safety`` section describes (keyword arguments override)."""
-        safety = config.memory_safety
-        options = dict(
-            budget_bytes=safety.max_gpu_memory_bytes, host_budget_bytes=safety.max_host_memory_bytes,
-            action=safety.action_on_exceed, enabled=safety.enabled,
-        )
+        options = _safety_options(config)
         options.update(kwargs)
         return cls(options.pop("budget_bytes"), device=device, **options)
 

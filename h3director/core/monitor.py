@@ -224,18 +224,15 @@ def _device_series(device: str) -> list[tuple[str, Callable[[], Any]]]:
     kind, index = parse_device(device)
     if kind == "cpu":
         return [("host.rss_bytes", process_rss_bytes)]
-    if kind == "mps":
-        def read_mps() -> dict[str, float | None]:
-            s = sample_device("mps")
-            return {"mps.allocated_bytes": s.allocated_bytes, "mps.driver_bytes": s.reserved_bytes}
-        return [("mps.allocated_bytes", read_mps), ("mps.driver_bytes", read_mps)]
-    name = f"cuda:{index or 0}"
+    name = "mps" if kind == "mps" else f"cuda:{index or 0}"
+    allocated = f"{name}.allocated_bytes"
+    reserved = f"{name}.driver_bytes" if kind == "mps" else f"{name}.reserved_bytes"
 
-    def read_cuda() -> dict[str, float | None]:
+    def read() -> dict[str, float | None]:  # one device sample serves both series
         s = sample_device(name)
-        return {f"{name}.allocated_bytes": s.allocated_bytes, f"{name}.reserved_bytes": s.reserved_bytes}
+        return {allocated: s.allocated_bytes, reserved: s.reserved_bytes}
 
-    return [(f"{name}.allocated_bytes", read_cuda), (f"{name}.reserved_bytes", read_cuda)]
+    return [(allocated, read), (reserved, read)]
 
 
 class Monitor:
@@ -286,7 +283,9 @@ class Monitor:
         """Sample ``fn()`` as series ``name`` from now on (``unit`` "bytes" or any label, e.g. "ratio").
 
         ``fn`` runs in the sampler thread: it must be thread-safe and fast. An exception from it
-        records None for that sample and the first message in the report's metadata.
+        records None for that sample and the first message in the report's metadata. One ``fn`` may
+        serve several series: added under each name and returning ``{name: value}``, it is called once
+        per sample.
         """
         if not name or not isinstance(name, str):
             raise InvalidInputError(f"series name must be a non-empty string, got {name!r}")

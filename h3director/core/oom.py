@@ -33,6 +33,7 @@ nothing is guessed.
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -408,17 +409,10 @@ def explain_log(text: str, *, dedupe: bool = True) -> list[OomError | NotUnderst
     With ``dedupe`` an identical message repeated (a traceback printed twice, a re-raised error)
     is reported once, at its first line.
     """
-    line_starts = [0] + [i + 1 for i, char in enumerate(text) if char == "\n"]
+    line_starts = [0] + [newline.end() for newline in re.finditer("\n", text)]
 
     def line_of(offset: int) -> int:
-        low, high = 0, len(line_starts) - 1
-        while low < high:
-            middle = (low + high + 1) // 2
-            if line_starts[middle] <= offset:
-                low = middle
-            else:
-                high = middle - 1
-        return low + 1
+        return bisect.bisect_right(line_starts, offset)  # 1-based: the number of lines starting at or before it
 
     found: list[tuple[int, int, OomError]] = []
     for pattern, build in _PARSERS:

@@ -78,6 +78,7 @@ YOUNG, MIDDLE, OLD = 0, 1, 2
 _GENERATIONS = (YOUNG, MIDDLE, OLD)
 _SLOT_ALIGNMENT = 64        # bytes; any dtype's view of a slot start is aligned
 _OLD_COLLECTION_EVERY = 10  # every tenth periodic collection is of generation 1; full ones at most every tenth interval
+_MONITOR_UNITS = {"pool_used_bytes": "bytes", "pool_fragmentation": "ratio", "pool_fallback_bytes": "bytes"}
 
 
 @dataclass(frozen=True)
@@ -318,11 +319,11 @@ class SlotPool:
         ``features().pool`` / ``features().generation_gc`` switch the pool and its collections.
         """
         features = config.features()
-        if not features.pool or not config.pre_allocated_pool_mb:
+        if not features.pool:  # off below level 1 and when pre_allocated_pool_mb is 0
             return None
         return cls(
-            config.pre_allocated_pool_mb * MiB,
-            config.pool_slot_mb * MiB,
+            config.pool_bytes,
+            config.pool_slot_bytes,
             device,
             generation_gc=features.generation_gc,
             generation_gc_interval_ms=config.generation_gc_interval_ms,
@@ -545,15 +546,22 @@ class SlotPool:
                 reclaimed_by_collection=self._reclaimed_by_collection,
             )
 
-    def monitor_series(self) -> dict[str, Callable[[], float]]:
-        """Series for `Monitor.add_series`: pool bytes in use, fragmentation, live fallback bytes."""
+    def _monitor_values(self) -> dict[str, float]:
+        """The pool's monitor series from one `stats()`: bytes in use, fragmentation, live fallback bytes."""
+        stats = self.stats()
         return {
-            "pool_used_bytes": lambda: float(self.stats().used_bytes),
-            "pool_fragmentation": lambda: self.stats().fragmentation,
-            "pool_fallback_bytes": lambda: float(self.stats().fallback_live_bytes),
+            "pool_used_bytes": float(stats.used_bytes),
+            "pool_fragmentation": stats.fragmentation,
+            "pool_fallback_bytes": float(stats.fallback_live_bytes),
         }
 
+    def monitor_series(self) -> dict[str, Callable[[], float]]:
+        """Series for `Monitor.add_series`: pool bytes in use, fragmentation, live fallback bytes."""
+        return {name: (lambda name=name: self._monitor_values()[name]) for name in _MONITOR_UNITS}
+
     def attach_to_monitor(self, monitor) -> None:
-        """Add `monitor_series` to an `h3director.core.monitor.Monitor` (fragmentation as a "ratio")."""
-        for name, reader in self.monitor_series().items():
-            monitor.add_series(name, reader, unit="ratio" if name.endswith("fragmentation") else "bytes")
+        """Add the pool's series to an `h3director.core.monitor.Monitor` (fragmentation as a "ratio"); one
+        reader serves all of them, so each sample takes one `stats()`."""
+        reader = self._monitor_values  # one bound method: the monitor calls a shared reader once per sample
+        for name, unit in _MONITOR_UNITS.items():
+            monitor.add_series(name, reader, unit=unit)

@@ -78,16 +78,20 @@ class _Entry:
         return self.tensor.numel() * self.tensor.element_size()
 
 
+def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+    """The tensor's raw bytes in C order (copied to the CPU)."""
+    return tensor.detach().to("cpu").contiguous().view(torch.uint8).flatten().numpy().tobytes()
+
+
 def _tensor_digest(tensor: torch.Tensor) -> bytes:
-    data = tensor.detach().to("cpu").contiguous().view(torch.uint8).flatten().numpy()
-    return hashlib.blake2b(data.tobytes(), digest_size=16).digest()
+    return hashlib.blake2b(_tensor_bytes(tensor), digest_size=16).digest()
 
 
 def _feed(hasher, value) -> None:
     """Hash ``value`` with its type, so ``1``, ``1.0``, ``"1"`` and ``b"1"`` differ."""
     if isinstance(value, torch.Tensor):
         hasher.update(f"T{value.dtype}{tuple(value.shape)}".encode())
-        hasher.update(value.detach().to("cpu").contiguous().view(torch.uint8).flatten().numpy().tobytes())
+        hasher.update(_tensor_bytes(value))
     elif isinstance(value, bool) or value is None:
         hasher.update(f"B{value}".encode())
     elif isinstance(value, int):

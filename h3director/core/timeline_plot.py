@@ -1,4 +1,4 @@
-"""PNG timeline of a `MonitorReport` (the only module of the core that imports matplotlib).
+"""PNG timeline of a `MonitorReport` (matplotlib is imported only when one is drawn).
 
 Layout: one axis of memory (MiB) over time (seconds since the monitor started) with every
 ``bytes`` series, shaded bands for phases (labelled at the top), a marker at each phase's peak of
@@ -13,12 +13,13 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from h3director.units import MiB
+
 if TYPE_CHECKING:
     from h3director.core.monitor import MonitorReport
 
 FIGSIZE_IN = (10.0, 5.0)
 DPI = 100
-_MiB = 1024.0**2
 
 
 def _require_matplotlib():
@@ -52,27 +53,27 @@ def plot_timeline(report: MonitorReport, path: str | os.PathLike, *, title: str 
         axis.annotate(span.name, xy=((span.start + end) / 2, 1.0), xycoords=("data", "axes fraction"),
                       ha="center", va="bottom", fontsize=8, clip_on=False)
 
-    phase_peaks = report.phase_peaks
+    phase_peaks, peaks = report.phase_peaks, report.peaks  # each property scans every sample: read once
     for name in byte_series:
         values = report.values(name)
-        points = [(t, v / _MiB) for t, v in zip(times, values, strict=True) if v is not None]
+        points = [(t, v / MiB) for t, v in zip(times, values, strict=True) if v is not None]
         if not points:
             continue
         axis.plot([p[0] for p in points], [p[1] for p in points], color=colors[name], linewidth=1.4, label=name)
-        for phase_name, peaks in phase_peaks.items():
-            if name in peaks:
-                t_peak = _time_of_peak(report, name, peaks[name], phase_name)
-                axis.plot([t_peak], [peaks[name] / _MiB], marker="v", color=colors[name], markersize=5)
-        peak = report.peaks.get(name)
+        for phase_name, in_phase in phase_peaks.items():
+            if name in in_phase:
+                t_peak = _time_of_peak(report, name, in_phase[name], phase_name)
+                axis.plot([t_peak], [in_phase[name] / MiB], marker="v", color=colors[name], markersize=5)
+        peak = peaks.get(name)
         if peak is not None:
             t_peak = _time_of_peak(report, name, peak, None)
-            axis.plot([t_peak], [peak / _MiB], marker="o", color=colors[name], markersize=7)
-            axis.annotate(f"peak {peak / _MiB:,.0f} MiB", xy=(t_peak, peak / _MiB), xytext=(4, 4),
+            axis.plot([t_peak], [peak / MiB], marker="o", color=colors[name], markersize=7)
+            axis.annotate(f"peak {peak / MiB:,.0f} MiB", xy=(t_peak, peak / MiB), xytext=(4, 4),
                           textcoords="offset points", fontsize=8, color=colors[name])
 
     if report.budget_bytes is not None:
-        axis.axhline(report.budget_bytes / _MiB, color="red", linestyle="--", linewidth=1.2,
-                     label=f"budget {report.budget_bytes / _MiB:,.0f} MiB")
+        axis.axhline(report.budget_bytes / MiB, color="red", linestyle="--", linewidth=1.2,
+                     label=f"budget {report.budget_bytes / MiB:,.0f} MiB")
 
     axis.set_xlabel("time since start (s)")
     axis.set_ylabel("memory (MiB)")

@@ -31,12 +31,17 @@ from typing import Any
 import torch
 
 from h3director.errors import InvalidInputError
-from h3director.geometry import ClipStep, DecodeSchedule, TemporalGeometry
+from h3director.geometry import (
+    AUDIO_LATENT_CHANNELS,
+    AUDIO_SAMPLE_RATE,
+    VIDEO_LATENT_CHANNELS,
+    ClipStep,
+    DecodeSchedule,
+    TemporalGeometry,
+)
 from h3director.video.decoder import ClipExecution, DecodeSession, VideoDecoderAdapter
 from h3director.video.faults import STAGE_MID, FaultInjector
 
-H3_VIDEO_LATENT_CHANNELS = 24
-H3_AUDIO_LATENT_CHANNELS = 32
 # Attributes of ComfyUI's MiniMaxH3VideoVAE this adapter relies on.
 _REQUIRED_MODEL_ATTRS = ("clip_length", "token_drop", "vae_ratio", "vae_ratio_t", "latents_mean", "latents_std",
                          "pixel_mean", "pixel_std", "_adaptive_decode")
@@ -54,14 +59,14 @@ def is_comfy_h3_video_vae(vae: Any) -> bool:
     if any(not hasattr(vae, name) for name in _REQUIRED_VAE_ATTRS):
         return False
     model = vae.first_stage_model
-    return (getattr(vae, "latent_channels", None) == H3_VIDEO_LATENT_CHANNELS
+    return (getattr(vae, "latent_channels", None) == VIDEO_LATENT_CHANNELS
             and all(hasattr(model, name) for name in _REQUIRED_MODEL_ATTRS))
 
 
 def is_comfy_h3_audio_vae(vae: Any) -> bool:
     """True when `vae` looks like ComfyUI's VAE around a MiniMax H3 audio VAE (32 latent channels, 32 kHz)."""
-    return (hasattr(vae, "decode") and getattr(vae, "latent_channels", None) == H3_AUDIO_LATENT_CHANNELS
-            and getattr(vae, "audio_sample_rate", None) == 32_000)
+    return (hasattr(vae, "decode") and getattr(vae, "latent_channels", None) == AUDIO_LATENT_CHANNELS
+            and getattr(vae, "audio_sample_rate", None) == AUDIO_SAMPLE_RATE)
 
 
 class _ComfySession(DecodeSession):
@@ -127,7 +132,7 @@ class ComfyH3VideoAdapter(VideoDecoderAdapter):
     def validate(self, latents: torch.Tensor, *, denormalize: bool = True) -> None:
         if not isinstance(latents, torch.Tensor):
             raise InvalidInputError(f"H3 video latents must be a tensor, got {type(latents).__name__}")
-        if latents.ndim != 5 or latents.shape[1] != H3_VIDEO_LATENT_CHANNELS:
+        if latents.ndim != 5 or latents.shape[1] != VIDEO_LATENT_CHANNELS:
             raise InvalidInputError(
                 f"H3 video latents must be [B, 24, T, H/16, W/16], got shape {list(latents.shape)}")
         if min(latents.shape) < 1:
@@ -155,8 +160,7 @@ class ComfyH3VideoAdapter(VideoDecoderAdapter):
 
     def clip_working_set_bytes(self, batch: int, latent_height: int, latent_width: int,
                                execution: ClipExecution) -> int:
-        clip_tokens = self.geometry.tokens_chunk_size + self.geometry.token_overlap
-        shape = (batch, H3_VIDEO_LATENT_CHANNELS, clip_tokens, latent_height, latent_width)
+        shape = (batch, VIDEO_LATENT_CHANNELS, self.geometry.clip_latent_frames, latent_height, latent_width)
         return int(self.vae.memory_used_decode(shape, self.dtype))
 
     def cheaper(self, execution: ClipExecution) -> ClipExecution | None:
@@ -185,12 +189,12 @@ class ComfyH3AudioAdapter:
         self.vae = audio_vae
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None  # (latents, waveform) of the last decode
         self.sample_rate = int(getattr(audio_vae, "audio_sample_rate_output",
-                                       getattr(audio_vae, "audio_sample_rate", 32_000)))
+                                       getattr(audio_vae, "audio_sample_rate", AUDIO_SAMPLE_RATE)))
 
     def validate(self, latents: torch.Tensor, *, denormalize: bool = True) -> None:
         if not denormalize:
             raise InvalidInputError("ComfyUI's audio VAE always denormalizes; denormalize=False is not supported")
-        if not isinstance(latents, torch.Tensor) or latents.ndim != 4 or latents.shape[1] != H3_AUDIO_LATENT_CHANNELS \
+        if not isinstance(latents, torch.Tensor) or latents.ndim != 4 or latents.shape[1] != AUDIO_LATENT_CHANNELS \
                 or latents.shape[2] != 2:
             raise InvalidInputError(f"H3 audio latents must be [B, 32, 2, T], got shape {list(getattr(latents, 'shape', []))}")
 

@@ -1,10 +1,21 @@
-"""What the diffusers video adapters share: the model's device and compute dtype, pixel size, hooks."""
+"""What the diffusers adapters share: latent denormalization, the model's device and compute dtype,
+pixel size, hooks."""
 
 from __future__ import annotations
 
 import torch
 
 from h3director.video.decoder import VideoDecoderAdapter
+
+
+def denormalize_latents(latents: torch.Tensor, mean, std, device: torch.device | None = None) -> torch.Tensor:
+    """``latents * std + mean`` per channel (axis 1, any rank) with float32 statistics on `device`
+    (default: the latents'), as diffusers' H3 pipelines compute it for the video and the audio VAE."""
+    device = latents.device if device is None else device
+    shape = (1, -1) + (1,) * (latents.ndim - 2)
+    latents_mean = torch.tensor(mean, device=device).view(shape)
+    latents_std = torch.tensor(std, device=device).view(shape)
+    return latents * latents_std + latents_mean
 
 
 def parameter_dtype(module: torch.nn.Module) -> torch.dtype:

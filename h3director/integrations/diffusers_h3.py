@@ -36,7 +36,11 @@ import torch
 
 from h3director.errors import InvalidInputError
 from h3director.geometry import ClipStep, DecodeSchedule, TemporalGeometry
-from h3director.integrations.diffusers_common import DiffusersVideoAdapter, run_forward_hook
+from h3director.integrations.diffusers_common import (
+    DiffusersVideoAdapter,
+    denormalize_latents,
+    run_forward_hook,
+)
 from h3director.video.crossfade import crossfade
 from h3director.video.decoder import Checkpoint, ClipExecution, DecodeSession
 from h3director.video.faults import STAGE_MID
@@ -49,9 +53,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 def denormalize_video(latents: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...],
                       device: torch.device) -> torch.Tensor:
     """``latents * std + mean`` per channel with float32 statistics, as diffusers' H3 pipeline computes it."""
-    latents_mean = torch.tensor(mean, device=device).view(1, -1, 1, 1, 1)
-    latents_std = torch.tensor(std, device=device).view(1, -1, 1, 1, 1)
-    return latents * latents_std + latents_mean
+    return denormalize_latents(latents, mean, std, device)
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,7 @@ class H3VideoSession(DecodeSession):
         if schedule.pad_tokens:
             z = torch.cat([z, z[:, :, -1:].repeat(1, 1, schedule.pad_tokens, 1, 1)], dim=2)
         self.z = z
+        self.grid = adapter.tile_grid(z.shape[-2], z.shape[-1])   # the same for every clip
         self.home_device = adapter.device
         self.moved_to_cpu = False
 
@@ -221,9 +224,9 @@ class H3VideoSession(DecodeSession):
         """
         vae = self.adapter.vae
         ratio = self.adapter.spatial_ratio
-        grid = self.adapter.tile_grid(z.shape[-2], z.shape[-1])
-        positions = [(i, j) for i in range(len(grid.y_starts)) for j in range(len(grid.x_starts))]
+        grid = self.grid
         rows, cols = len(grid.y_starts), len(grid.x_starts)
+        positions = [(i, j) for i in range(rows) for j in range(cols)]
         canvas = None
         above: dict[int, torch.Tensor] = {}
         below: dict[int, torch.Tensor] = {}

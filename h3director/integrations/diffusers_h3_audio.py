@@ -31,6 +31,7 @@ import torch
 
 from h3director.errors import InvalidInputError
 from h3director.geometry import AUDIO_LATENTS_PER_SECOND
+from h3director.integrations.diffusers_common import denormalize_latents
 from h3director.video.latent_checks import check_latents
 
 
@@ -155,10 +156,7 @@ class H3AudioAdapter:
         else:
             batch, streams = 1, latents.shape[0]
         if denormalize:
-            config = self.vae.config
-            mean = torch.tensor(config.latents_mean, device=latents.device).view(1, -1, 1)
-            std = torch.tensor(config.latents_std, device=latents.device).view(1, -1, 1)
-            latents = latents * std + mean
+            latents = denormalize_latents(latents, self.vae.config.latents_mean, self.vae.config.latents_std)
         return latents, batch, streams
 
     def decode_reference(self, latents: torch.Tensor, *, denormalize: bool = True) -> torch.Tensor:

@@ -119,6 +119,7 @@ class WanVideoSession(DecodeSession):
             self.tiles = [(i, j) for i in range(0, height, self._latent_stride("height"))
                           for j in range(0, width, self._latent_stride("width"))]
             self.caches = [[[None] * conv_count for _ in self.tiles] for _ in self.items]
+            self.tile_layout = self._tile_layout(height, width)
             self.post_quant = None
         else:
             self.caches = [[[None] * conv_count] for _ in self.items]
@@ -128,6 +129,25 @@ class WanVideoSession(DecodeSession):
     def _latent_stride(self, axis: str) -> int:
         return getattr(self.adapter.vae, f"tile_sample_stride_{axis}") // self.adapter.spatial_ratio
 
+    def _tile_layout(self, height: int, width: int) -> tuple[int, int, int, int, int, int, int, int]:
+        """`tiled_decode`'s sizes for a `height x width` latent video, computed once per video:
+        `(tile_h, tile_w)` in latent pixels; `(stride_h, stride_w)`, `(blend_h, blend_w)` and the output
+        `(out_h, out_w)` in output pixels (after Wan 2.2's `patch_size` is undone)."""
+        vae = self.adapter.vae
+        ratio = self.adapter.spatial_ratio
+        tile_h = vae.tile_sample_min_height // ratio
+        tile_w = vae.tile_sample_min_width // ratio
+        stride_h, stride_w = vae.tile_sample_stride_height, vae.tile_sample_stride_width
+        out_h, out_w = height * ratio, width * ratio
+        blend_h, blend_w = vae.tile_sample_min_height - stride_h, vae.tile_sample_min_width - stride_w
+        patch = vae.config.patch_size
+        if patch is not None:
+            out_h, out_w = out_h // patch, out_w // patch
+            stride_h, stride_w = stride_h // patch, stride_w // patch
+            blend_h = vae.tile_sample_min_height // patch - stride_h
+            blend_w = vae.tile_sample_min_width // patch - stride_w
+        return tile_h, tile_w, stride_h, stride_w, blend_h, blend_w, out_h, out_w
+
     def close(self) -> None:
         self.caches = self.items = self.post_quant = self.z = None
 
@@ -136,8 +156,8 @@ class WanVideoSession(DecodeSession):
         snapshot = [[list(cache) for cache in item] for item in self.caches]
         try:
             outputs = []
+            decode = self._decode_tiled_frame if self.tiled else self._decode_frame
             for index in range(len(self.items)):
-                decode = self._decode_tiled_frame if self.tiled else self._decode_frame
                 outputs.append(decode(index, clip.latent_start, checkpoint))
                 checkpoint = None
             return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
@@ -165,21 +185,8 @@ class WanVideoSession(DecodeSession):
     def _decode_tiled_frame(self, item: int, frame: int, checkpoint: Checkpoint | None) -> torch.Tensor:
         """One latent frame through every tile, blended and cropped exactly as `tiled_decode` does."""
         vae = self.adapter.vae
-        ratio = self.adapter.spatial_ratio
         z = self.items[item]
-        _, _, _, height, width = z.shape
-        tile_h = vae.tile_sample_min_height // ratio
-        tile_w = vae.tile_sample_min_width // ratio
-        stride_h, stride_w = vae.tile_sample_stride_height, vae.tile_sample_stride_width
-        out_h, out_w = height * ratio, width * ratio
-        blend_h, blend_w = vae.tile_sample_min_height - stride_h, vae.tile_sample_min_width - stride_w
-        patch = vae.config.patch_size
-        if patch is not None:
-            out_h, out_w = out_h // patch, out_w // patch
-            stride_h, stride_w = stride_h // patch, stride_w // patch
-            blend_h = vae.tile_sample_min_height // patch - stride_h
-            blend_w = vae.tile_sample_min_width // patch - stride_w
-
+        tile_h, tile_w, stride_h, stride_w, blend_h, blend_w, out_h, out_w = self.tile_layout
         above: dict[int, torch.Tensor] = {}
         rows = []
         row: list[torch.Tensor] = []

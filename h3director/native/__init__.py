@@ -43,18 +43,15 @@ def implementation(name: str | None = None) -> ModuleType:
     wanted = name or os.environ.get(_BACKEND_ENV, "").strip().lower() or None
     if wanted not in (None, "c", "numpy"):
         raise _common.InvalidInputError(f"backend must be 'c' or 'numpy', got {wanted!r}")
-    if wanted == "numpy":
-        from h3director.native import _fallback
+    if wanted != "numpy":
+        from h3director.native import _loader
 
-        return _fallback
-    from h3director.native import _loader
+        module = _loader.c_backend(required=wanted == "c")
+        if module is not None:
+            return module
+    from h3director.native import _fallback
 
-    module = _loader.c_backend(required=wanted == "c")
-    if module is None:
-        from h3director.native import _fallback
-
-        return _fallback
-    return module
+    return _fallback
 
 
 def describe() -> str:
@@ -150,14 +147,11 @@ def dequantize(
         result = out
     if isinstance(result, np.ndarray):
         flat = result.reshape(-1)
-        if name == "bfloat16":
-            flat = flat.view(np.uint16)
     else:
         import torch
 
-        raw = result.view(torch.int16) if name == "bfloat16" else result
-        flat = raw.numpy().reshape(-1)
-        if name == "bfloat16":
-            flat = flat.view(np.uint16)
+        flat = (result.view(torch.int16) if name == "bfloat16" else result).numpy().reshape(-1)
+    if name == "bfloat16":
+        flat = flat.view(np.uint16)  # the backends write bfloat16 as its 16 bits
     impl.dequantize(blocks, qt, flat, name, threads)
     return result

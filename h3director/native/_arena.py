@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from h3director.errors import H3DirectorError, InvalidInputError
+from h3director.fragmentation import fragmentation_of
 from h3director.native import _common
 
 
@@ -76,17 +77,19 @@ class Lease:
             raise InvalidInputError("this lease was released; take a new lease for new views")
         return self._block
 
+    def _view_shape(self, shape: tuple[int, ...] | None, itemsize: int, dtype: Any) -> tuple[tuple[int, ...], int]:
+        """(`shape`, bytes it needs) for a view of `itemsize`-byte items; None: as many as fit, flat."""
+        shape = (self.nbytes // itemsize,) if shape is None else tuple(int(s) for s in shape)
+        need = int(np.prod(shape, dtype=np.int64)) * itemsize
+        if any(s < 0 for s in shape) or need > self.nbytes:
+            raise InvalidInputError(f"shape {shape} of {dtype} needs {need} bytes; the lease holds {self.nbytes}")
+        return shape, need
+
     def numpy(self, dtype: Any = np.uint8, shape: tuple[int, ...] | None = None) -> np.ndarray:
         """A numpy view of the leased bytes as `dtype`, flat (as many items as fit) or in `shape`."""
         dtype = np.dtype(dtype)
         raw = np.asarray(self._owner())
-        if shape is None:
-            count = self.nbytes // dtype.itemsize
-            return raw[: count * dtype.itemsize].view(dtype)
-        shape = tuple(int(s) for s in shape)
-        need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if any(s < 0 for s in shape) or need > self.nbytes:
-            raise InvalidInputError(f"shape {shape} of {dtype} needs {need} bytes; the lease holds {self.nbytes}")
+        shape, need = self._view_shape(shape, dtype.itemsize, dtype)
         return raw[:need].view(dtype).reshape(shape)
 
     def torch(self, dtype: Any = None, shape: tuple[int, ...] | None = None) -> Any:
@@ -94,15 +97,8 @@ class Lease:
         import torch
 
         dtype = torch.uint8 if dtype is None else dtype
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        if shape is None:
-            shape = (self.nbytes // itemsize,)
-        shape = tuple(int(s) for s in shape)
-        need = int(np.prod(shape, dtype=np.int64)) * itemsize
-        if any(s < 0 for s in shape) or need > self.nbytes:
-            raise InvalidInputError(f"shape {shape} of {dtype} needs {need} bytes; the lease holds {self.nbytes}")
-        raw = torch.from_numpy(np.asarray(self._owner())[:need])
-        return raw.view(dtype).reshape(shape)
+        shape, need = self._view_shape(shape, torch.empty((), dtype=dtype).element_size(), dtype)
+        return torch.from_numpy(np.asarray(self._owner())[:need]).view(dtype).reshape(shape)
 
     def release(self) -> None:
         """End the lease (idempotent). Views already made stay valid until they are garbage-collected."""
@@ -136,18 +132,10 @@ class Arena:
         release_threshold: int | None = None,
         backend: str | None = None,
     ) -> None:
-        if (
-            not isinstance(capacity_bytes, (int, np.integer))
-            or isinstance(capacity_bytes, bool)
-            or not 0 < capacity_bytes <= _common.MAX_CAPACITY
-        ):
+        if not _common.is_integer(capacity_bytes) or not 0 < capacity_bytes <= _common.MAX_CAPACITY:
             raise InvalidInputError(
                 f"capacity_bytes must be an integer in [1, {_common.MAX_CAPACITY}], got {capacity_bytes!r}")
-        if (
-            not isinstance(alignment, (int, np.integer))
-            or not 16 <= alignment <= _common.MAX_ALIGNMENT
-            or alignment & (alignment - 1)
-        ):
+        if not _common.is_integer(alignment) or not 16 <= alignment <= _common.MAX_ALIGNMENT or alignment & (alignment - 1):
             raise InvalidInputError(f"alignment must be a power of two in [16, 2 MiB], got {alignment!r}")
         if release_threshold is not None and release_threshold <= 0:
             raise InvalidInputError(f"release_threshold must be positive or None, got {release_threshold!r}")
@@ -165,7 +153,7 @@ class Arena:
 
     def lease(self, nbytes: int) -> Lease:
         """Lease `nbytes` (> 0) bytes; raises ArenaFullError when no free run is large enough."""
-        if not isinstance(nbytes, (int, np.integer)) or isinstance(nbytes, bool) or nbytes <= 0:
+        if not _common.is_integer(nbytes) or nbytes <= 0:
             raise InvalidInputError(f"nbytes must be a positive integer, got {nbytes!r}")
         if nbytes > self.capacity_bytes:
             raise ArenaFullError(f"lease of {nbytes} bytes exceeds the arena capacity of {self.capacity_bytes} bytes")
@@ -180,4 +168,6 @@ class Arena:
         return Lease(_Block(self._engine, handle, offset, int(nbytes)))
 
     def stats(self) -> ArenaStats:
-        return ArenaStats(**self._engine.stats())
+        counts = self._engine.stats()  # every field but fragmentation, derived here for both backends
+        free, largest = counts["free_bytes"], counts["largest_free_bytes"]
+        return ArenaStats(**counts, fragmentation=fragmentation_of(largest, free))

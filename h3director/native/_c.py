@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 
 from h3director.errors import InvalidInputError
-from h3director.fragmentation import fragmentation
 from h3director.native import _common
 
 NAME = "c"
@@ -88,7 +87,7 @@ class ArenaEngine:
     def free(self, handle: int) -> None:
         _check(self._lib.h3_arena_free(self._arena, handle), "arena free")
 
-    def stats(self) -> dict[str, int | float]:
+    def stats(self) -> dict[str, int]:
         s = _Stats()
         _check(self._lib.h3_arena_stats(self._arena, ctypes.byref(s), ctypes.sizeof(s)), "arena stats")
         return {
@@ -101,7 +100,6 @@ class ArenaEngine:
             "live_allocations": s.live,
             "total_allocations": s.total_allocs,
             "failed_allocations": s.failed_allocs,
-            "fragmentation": fragmentation((s.largest_free, s.free - s.largest_free)),
         }
 
     def __del__(self) -> None:

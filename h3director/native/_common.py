@@ -121,8 +121,13 @@ def check_out(out: Any, shape: tuple[int, ...], dtype: str, what: str) -> None:
         raise InvalidInputError(f"{what}: out must be contiguous")
 
 
+def is_integer(value: Any) -> bool:
+    """True for a Python or numpy integer (bool excluded): what size and count arguments must be."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 def check_threads(threads: int) -> int:
-    if not isinstance(threads, (int, np.integer)) or isinstance(threads, bool) or not 1 <= threads <= 256:
+    if not is_integer(threads) or not 1 <= threads <= 256:
         raise InvalidInputError(f"threads must be an integer in [1, 256], got {threads!r}")
     return int(threads)
 
@@ -158,9 +163,9 @@ def frame_input(x: Any, layout: str) -> FrameInput:
 
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"pack_frames expects a numpy array or a torch tensor, got {type(x).__name__}")
-        if x.device.type != "cpu":
-            x = x.detach().to("cpu")
         x = x.detach()
+        if x.device.type != "cpu":
+            x = x.to("cpu")
         dtype = str(x.dtype)[len("torch."):]
         dtype = dtype if dtype in DTYPE_CODES else None
         strides = tuple(x.stride())

@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 
-from h3director.fragmentation import fragmentation
+from h3director.errors import InvalidInputError
 from h3director.native import _common
 
 NAME = "numpy"
@@ -230,7 +230,7 @@ class ArenaEngine:
         with self._lock:
             size = self._used.pop(handle, None)
             if size is None:
-                raise ValueError(f"arena: no live allocation with handle {handle}")
+                raise InvalidInputError(f"arena free: no live allocation with handle {handle}")
             self._used_bytes -= size
             start, end = handle, handle + size
             i = bisect.bisect_left(self._free_starts, start)
@@ -255,7 +255,7 @@ class ArenaEngine:
         if hi > lo and hasattr(self._map, "madvise"):
             self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
-    def stats(self) -> dict[str, int | float]:
+    def stats(self) -> dict[str, int]:
         with self._lock:
             runs = [self._free_size[s] for s in self._free_starts]
             return {
@@ -268,5 +268,4 @@ class ArenaEngine:
                 "live_allocations": len(self._used),
                 "total_allocations": self._alloc_count,
                 "failed_allocations": self._failed,
-                "fragmentation": fragmentation(runs),
             }

@@ -42,14 +42,14 @@ _SIGNATURES = {
 
 def candidates() -> list[Path]:
     """Library paths to try, in order."""
-    import sysconfig
+    from h3director.native import build
 
     here = Path(__file__).resolve().parent
     paths = []
     if os.environ.get(LIBRARY_ENV):
         paths.append(Path(os.environ[LIBRARY_ENV]))
-    paths.append(here / ("_h3_core" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so")))
-    paths.extend(sorted(p for p in here.glob("_h3_core*.so") if p not in paths))
+    paths.append(here / build.library_filename())
+    paths.extend(sorted(p for p in here.glob(build.LIBRARY_STEM + "*.so") if p not in paths))
     return paths
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from h3director.geometry import AUDIO_HOP
+from h3director.geometry import audio_samples_for
 from h3director.plan.ledger import Bindings, ByteLedger
 
 FP32 = 4
@@ -154,4 +154,4 @@ def audio_decode_working_set_bytes(audio_config: Mapping | None, latent_frames: 
 
 def audio_samples_bytes(latent_frames: int, batch: int = 2) -> int:
     """Bytes of the decoded float32 waveform: `batch x latent_frames x hop` samples."""
-    return batch * latent_frames * AUDIO_HOP * FP32
+    return batch * audio_samples_for(latent_frames) * FP32

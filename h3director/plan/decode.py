@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from h3director.errors import InvalidInputError
+from h3director.geometry import H3_TEMPORAL, TemporalGeometry
 from h3director.plan.activations import replay_math_attention
 from h3director.plan.dtypes import dtype_bytes
 from h3director.plan.ledger import Bindings, ByteLedger
@@ -56,10 +57,10 @@ class ViTDecoderShape:
             head_dim = int(config.get("decoder_attention_head_dim", 64))
             spatial = math.prod(config.get("spatial_downsample_factors", (2, 2, 2, 2, 1, 1)))
             temporal = math.prod(config.get("temporal_downsample_factors", (1, 2, 2, 1, 1, 1)))
-            clip_length = int(config.get("clip_length", 17))
-            token_drop = int(config.get("token_drop", 3))
+            temporal_geometry = TemporalGeometry(clip_length=int(config.get("clip_length", 17)),
+                                                 temporal_ratio=int(temporal),
+                                                 token_drop=int(config.get("token_drop", 3)))
             dim = heads * head_dim
-            chunk = math.ceil(clip_length / temporal)
             return cls(
                 latent_channels=int(config.get("latent_channels", 24)),
                 out_channels=int(config.get("out_channels", 3)),
@@ -72,7 +73,7 @@ class ViTDecoderShape:
                 rotary_dim=int(head_dim * config.get("decoder_rope_dim_ratio", 0.75)),
                 spatial_ratio=int(spatial),
                 temporal_ratio=int(temporal),
-                clip_latent_frames=chunk + (-token_drop) % chunk,
+                clip_latent_frames=temporal_geometry.clip_latent_frames,
             )
         except (AttributeError, TypeError, ValueError) as exc:
             raise InvalidInputError(f"not a usable AutoencoderKLMiniMaxH3 config ({exc}): {dict(config)!r}") from exc
@@ -351,9 +352,11 @@ def _blend(ledger: ByteLedger, name: str, strip_line_bytes: int, extent: int, ti
     return name
 
 
-def output_host_bytes(sink: str, frames: int, width: int, height: int, clip_frames: int = 28) -> int:
-    """Host RAM the decoded video occupies by sink: float32 or uint8 whole video, or about one clip
-    for sinks that write to disk as they go (memmap pages, video encoder buffers)."""
+def output_host_bytes(sink: str, frames: int, width: int, height: int,
+                      clip_frames: int = H3_TEMPORAL.clip_latent_frames * H3_TEMPORAL.temporal_ratio) -> int:
+    """Host RAM the decoded video occupies by sink: float32 or uint8 whole video, or about one decoded
+    clip (`clip_frames`, 28 for H3) for sinks that write to disk as they go (memmap pages, video
+    encoder buffers)."""
     pixels = frames * width * height * 3
     if sink == "tensor":
         return pixels * 4

@@ -35,8 +35,8 @@ from h3director.plan.models import (
     text_encoder_inventory,
     video_vae_inventory,
 )
+from h3director.units import MiB
 
-MiB = 1024**2
 DEFAULT_TEXT_TOKENS = 512
 TEXT_ENCODER_VISION_TOKENS_PER_IMAGE = 1024   # a ~1 MP reference image after the 2x2 merger
 
@@ -128,7 +128,7 @@ def packed_geometry(width: int, height: int, frames: int, *, text_tokens: int = 
     """Rows of the packed sequence (see the module docstring); 124 frames at 1344x768 -> 37 x 1008 video rows."""
     per_frame = geometry.tokens_per_latent_frame(width, height)
     latent = geometry.latent_frames_for(frames)
-    audio_latents = round(frames / geometry.VIDEO_FPS * geometry.AUDIO_LATENTS_PER_SECOND) if audio else 0
+    audio_latents = geometry.audio_latent_frames_for(frames) if audio else 0
     cond = (refs + keyframes) * per_frame
     video = latent * per_frame
     return Geometry(frames=frames, latent_frames=latent, tokens_per_latent_frame=per_frame, video_tokens=video,

@@ -9,10 +9,11 @@ the diffusers classes' `__init__` exactly; `tests/test_plan_models.py` compares 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from h3director.plan.activations import DiTShape
+from h3director.plan.decode import ViTDecoderShape
 from h3director.plan.formats import WeightFormat, role_bits
 
 MODALITIES = 3   # H3's AdaLN table has one row per (timestep, modality): video, text, audio
@@ -83,19 +84,13 @@ def _linear(role: str, out: int, inp: int) -> tuple[str, int, int]:
 def dit_inventory(config: Mapping | None = None) -> ModelInventory:
     """`MiniMaxH3Transformer3DModel`'s parameters from its config (defaults: the released 50-block DiT)."""
     c = dict(config or {})
-    heads = int(c.get("num_attention_heads", 56))
-    head_dim = int(c.get("attention_head_dim", 128))
-    d = int(c.get("hidden_size", 5376))
-    layers = int(c.get("num_layers", 50))
-    refiners = int(c.get("num_refiner_layers", 2))
-    ffn = int(c.get("ffn_dim", 14336))
-    video_in = int(c.get("in_channels", 24)) * math.prod(c.get("patch_size", (1, 2, 2)))
-    audio_in = int(c.get("audio_in_channels", 32))
-    text_dim = int(c.get("text_dim", 5120))
+    shape = DiTShape.from_config(c)
+    head_dim, d, layers, refiners, ffn = shape.head_dim, shape.hidden, shape.layers, shape.refiner_layers, shape.ffn
+    video_in, audio_in, text_dim = shape.video_patch, shape.audio_channels, shape.text_dim
     freq_dim = int(c.get("freq_dim", 256))
     t_hidden = int(c.get("time_embed_hidden_dim", 5376))
     t_dim = int(c.get("time_embed_dim", 2688))
-    inner = heads * head_dim
+    inner = shape.inner
     attention = (
         _linear("attn_qk", inner, d), _linear("attn_qk", inner, d), _linear("attn_v", inner, d),
         _linear("attn_out", d, inner), _linear("ffn_up", 2 * ffn, d), _linear("ffn_down", d, ffn),
@@ -128,14 +123,11 @@ def video_vae_inventory(config: Mapping | None = None) -> ModelInventory:
     layers = int(c.get("layers_per_block", 2))
     s_factors = tuple(c.get("spatial_downsample_factors", (2, 2, 2, 2, 1, 1)))
     t_factors = tuple(c.get("temporal_downsample_factors", (1, 2, 2, 1, 1, 1)))
-    latent = int(c.get("latent_channels", 24))
-    in_ch, out_ch = int(c.get("in_channels", 3)), int(c.get("out_channels", 3))
-    heads = int(c.get("decoder_num_attention_heads", 32))
-    dim = heads * int(c.get("decoder_attention_head_dim", 64))
-    ffn = int(dim * c.get("decoder_ffn_mult", 4))
-    dec_layers = int(c.get("decoder_num_layers", 36))
-    registers = int(c.get("decoder_num_register_tokens", 4))
-    patch = out_ch * math.prod(t_factors) * math.prod(s_factors) ** 2
+    decoder = ViTDecoderShape.from_config(c)
+    latent = decoder.latent_channels
+    in_ch = int(c.get("in_channels", 3))
+    dim, ffn, dec_layers, registers, patch = (decoder.dim, decoder.ffn_dim, decoder.layers, decoder.register_tokens,
+                                              decoder.patch_values)
 
     enc_m: list[tuple[str, int, int]] = [("conv", channels[0], in_ch * 27)]
     enc_v = channels[0]

@@ -25,10 +25,9 @@ from dataclasses import dataclass, field
 from h3director import geometry
 from h3director.errors import BudgetError
 from h3director.plan.activations import DiTShape
-from h3director.plan.estimate import PlanEstimate, PlanRequest, estimate
-from h3director.units import format_size
+from h3director.plan.estimate import Phase, PlanEstimate, PlanRequest, estimate
+from h3director.units import MiB, format_size
 
-MiB = 1024**2
 DIT_FORMATS = ("bf16", "fp8", "int8", "q8_0", "q5_k", "q4_k_m", "nf4")
 TEXT_ENCODER_CHOICES = (("gpu", "bf16"), ("gpu", "fp8"), ("gpu", "q4_k_m"), ("cpu", "bf16"), ("cpu", "q4_k_m"))
 CHUNKINGS = ((1, 1), (2, 2), (4, 4), (8, 8), (14, 16), (28, 32), (56, 64))
@@ -57,10 +56,13 @@ class Budget:
     def host_usable(self) -> int:
         return int(self.host_bytes * (1 - self.margin))
 
-    def fits(self, plan: PlanEstimate) -> bool:
+    def phase_fits(self, phase: Phase) -> bool:
         if self.device == "cpu":     # one memory: the device phases and the host buffers share it
-            return max(p.device_bytes + p.host_bytes for p in plan.phases) <= self.host_usable
-        return plan.peak_device_bytes <= self.device_usable and plan.peak_host_bytes <= self.host_usable
+            return phase.device_bytes + phase.host_bytes <= self.host_usable
+        return phase.device_bytes <= self.device_usable and phase.host_bytes <= self.host_usable
+
+    def fits(self, plan: PlanEstimate) -> bool:
+        return all(self.phase_fits(phase) for phase in plan.phases)
 
 
 @dataclass(frozen=True)
@@ -140,10 +142,7 @@ def _phase(plan: PlanEstimate, name: str):
 
 
 def _phase_fits(budget: Budget, plan: PlanEstimate, name: str) -> bool:
-    phase = _phase(plan, name)
-    if budget.device == "cpu":
-        return phase.device_bytes + phase.host_bytes <= budget.host_usable
-    return phase.device_bytes <= budget.device_usable and phase.host_bytes <= budget.host_usable
+    return budget.phase_fits(_phase(plan, name))
 
 
 def _choose_text_encoder(request: PlanRequest, budget: Budget, rejected: list[str]) -> PlanRequest:

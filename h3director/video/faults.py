@@ -34,9 +34,15 @@ class FaultPoint:
 FaultInjector = Callable[[FaultPoint], None]
 
 
+CUDA_ERROR_MEMORY_ALLOCATION = 2   # cudaErrorMemoryAllocation, as `torch.AcceleratorError.error_code`
+
+
 def is_out_of_memory(error: BaseException) -> bool:
-    """True for allocator failures: `torch.OutOfMemoryError` or a RuntimeError saying "out of memory"."""
+    """True for allocator failures: `torch.OutOfMemoryError`, a RuntimeError saying "out of memory", or
+    an accelerator error with CUDA's allocation-failure code (what the cudaMallocAsync backend raises)."""
     if isinstance(error, torch.OutOfMemoryError):
+        return True
+    if getattr(error, "error_code", None) == CUDA_ERROR_MEMORY_ALLOCATION and isinstance(error, RuntimeError):
         return True
     return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
 

@@ -19,6 +19,7 @@ from h3director.video.sink import FrameSink, StreamSpec
 
 LEAST_MEMORY = ClipExecution(tiles_per_call=1)
 ARGUMENT = "the budget argument"
+FILE_SINK_FIX = "a file sink (video_decode.sink: memmap or video; --sink memmap, or --out *.mp4)"
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ def preflight(adapter: VideoDecoderAdapter, latents_shape: tuple[int, ...], spec
             if least < clip_bytes:
                 fixes.append(f"video_decode.tiles_per_call: 1 (one clip then needs {format_size(least)})")
             if on_host and sink_bytes > 0 and not sink.writes_to_disk:
-                fixes.append("a file sink (video_decode.sink: memmap or video; --sink memmap, or --out *.mp4)")
+                fixes.append(FILE_SINK_FIX)
             needed_mb = -(-min(least_need, device_need) // MiB)
             if budget.source == ARGUMENT:
                 fixes.append(f"a budget of {needed_mb} MiB or more")
@@ -97,8 +98,7 @@ def preflight(adapter: VideoDecoderAdapter, latents_shape: tuple[int, ...], spec
                 f"To fit, set " + "; or ".join(fixes)
             )
     if not on_host and budget.host_bytes is not None and sink_bytes > budget.host_bytes:
-        file_sink = "" if sink.writes_to_disk else (
-            "use a file sink (video_decode.sink: memmap or video; --sink memmap, or --out *.mp4), or ")
+        file_sink = "" if sink.writes_to_disk else f"use {FILE_SINK_FIX}, or "
         raise BudgetError(
             f"the {type(sink).__name__} holds {format_size(sink_bytes)} of frames in host RAM, but "
             f"memory_safety.max_host_memory_mb allows {format_size(budget.host_bytes)}. To fit, {file_sink}set "

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from numpy.lib.format import open_memmap
 
-from h3director.core.atomic_file import check_output_path, commit, remove_quietly, temporary_path
+from h3director.core.atomic_file import atomic_path, check_output_path, commit, remove_quietly, temporary_path
 from h3director.errors import InvalidInputError
 from h3director.geometry import CLIP_LENGTH
 from h3director.video.pixels import float_pixels, uint8_pixels
@@ -80,8 +80,7 @@ class MemmapSink(OrderedSink):
         return int(np.prod(self._shape(spec))) * np.dtype(_DTYPES[self.dtype]).itemsize
 
     def bytes_needed(self, spec: StreamSpec) -> int:
-        frame_bytes = spec.height * spec.width * spec.channels
-        return min(spec.frames, CLIP_LENGTH) * frame_bytes * np.dtype(_DTYPES[self.dtype]).itemsize
+        return min(spec.frames, CLIP_LENGTH) * spec.frame_pixels * np.dtype(_DTYPES[self.dtype]).itemsize
 
     # -- progress record ---------------------------------------------------------------------------
     def _record(self, spec: StreamSpec, frames_done: int) -> dict:
@@ -94,12 +93,8 @@ class MemmapSink(OrderedSink):
         }
 
     def _write_progress(self, frames_done: int) -> None:
-        tmp = temporary_path(self.path, "progress.json.tmp")
-        with open(tmp, "w", encoding="utf-8") as handle:
+        with atomic_path(self.progress_path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
             json.dump(self._record(self.spec, frames_done), handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, self.progress_path)
 
     def _read_progress(self) -> dict:
         """The progress record on disk, validated; raises `InvalidInputError` when it is unusable."""

@@ -62,7 +62,7 @@ class Uint8FrameSink(BufferSink):
         self.threads = threads
 
     def bytes_needed(self, spec: StreamSpec) -> int:
-        return spec.batch * spec.frames * spec.height * spec.width * spec.channels
+        return spec.batch * spec.frames * spec.frame_pixels
 
     def _open(self, spec: StreamSpec) -> None:
         self._out = np.empty((spec.batch * spec.frames, spec.height, spec.width, spec.channels), dtype=np.uint8)

@@ -67,77 +67,36 @@ class _NumberInput(WidgetInput):
         self.min, self.max, self.step = min, max, step
 
 
-class Int:
-    io_type = "INT"
-    Type = int
-
-    class Input(_NumberInput):
-        io_type = "INT"
-
-    Output = _comfytype("INT").Output
+class _StringInput(WidgetInput):
+    def __init__(self, id, display_name=None, optional=False, tooltip=None, lazy=None, multiline=False,
+                 placeholder=None, default=None, dynamic_prompts=None, socketless=None, force_input=None,
+                 extra_dict=None, raw_link=None, advanced=None):
+        super().__init__(id, display_name, optional, tooltip, lazy, default, socketless, None, force_input, extra_dict)
+        self.multiline = multiline
 
 
-class Float:
-    io_type = "FLOAT"
-    Type = float
-
-    class Input(_NumberInput):
-        io_type = "FLOAT"
-
-    Output = _comfytype("FLOAT").Output
+class _BooleanInput(WidgetInput):
+    def __init__(self, id, display_name=None, optional=False, tooltip=None, lazy=None, default=None,
+                 label_on=None, label_off=None, socketless=None, force_input=None, extra_dict=None,
+                 raw_link=None, advanced=None):
+        super().__init__(id, display_name, optional, tooltip, lazy, default, socketless, None, force_input, extra_dict)
 
 
-class String:
-    io_type = "STRING"
-    Type = str
-
-    class Input(WidgetInput):
-        io_type = "STRING"
-
-        def __init__(self, id, display_name=None, optional=False, tooltip=None, lazy=None, multiline=False,
-                     placeholder=None, default=None, dynamic_prompts=None, socketless=None, force_input=None,
-                     extra_dict=None, raw_link=None, advanced=None):
-            super().__init__(id, display_name, optional, tooltip, lazy, default, socketless, None, force_input,
-                             extra_dict)
-            self.multiline = multiline
-
-    Output = _comfytype("STRING").Output
+class _ComboInput(WidgetInput):
+    def __init__(self, id, options=None, display_name=None, optional=False, tooltip=None, lazy=None,
+                 default=None, control_after_generate=None, upload=None, image_folder=None, remote=None,
+                 socketless=None, extra_dict=None, raw_link=None, advanced=None):
+        if isinstance(options, type) and issubclass(options, Enum):
+            options = [v.value for v in options]
+        super().__init__(id, display_name, optional, tooltip, lazy, default, socketless, None, None, extra_dict)
+        self.options = options
 
 
-class Boolean:
-    io_type = "BOOLEAN"
-    Type = bool
-
-    class Input(WidgetInput):
-        io_type = "BOOLEAN"
-
-        def __init__(self, id, display_name=None, optional=False, tooltip=None, lazy=None, default=None,
-                     label_on=None, label_off=None, socketless=None, force_input=None, extra_dict=None,
-                     raw_link=None, advanced=None):
-            super().__init__(id, display_name, optional, tooltip, lazy, default, socketless, None, force_input,
-                             extra_dict)
-
-    Output = _comfytype("BOOLEAN").Output
-
-
-class Combo:
-    io_type = "COMBO"
-    Type = str
-
-    class Input(WidgetInput):
-        io_type = "COMBO"
-
-        def __init__(self, id, options=None, display_name=None, optional=False, tooltip=None, lazy=None,
-                     default=None, control_after_generate=None, upload=None, image_folder=None, remote=None,
-                     socketless=None, extra_dict=None, raw_link=None, advanced=None):
-            if isinstance(options, type) and issubclass(options, Enum):
-                options = [v.value for v in options]
-            super().__init__(id, display_name, optional, tooltip, lazy, default, socketless, None, None, extra_dict)
-            self.options = options
-
-    Output = _comfytype("COMBO").Output
-
-
+Int = _comfytype("INT", int, _NumberInput)
+Float = _comfytype("FLOAT", float, _NumberInput)
+String = _comfytype("STRING", str, _StringInput)
+Boolean = _comfytype("BOOLEAN", bool, _BooleanInput)
+Combo = _comfytype("COMBO", str, _ComboInput)
 Image = _comfytype("IMAGE")
 Latent = _comfytype("LATENT")
 Vae = _comfytype("VAE")
