@@ -3,8 +3,15 @@
 import os
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+# The machines that run the suite are small and shared: a property test's speed says nothing about
+# its correctness, so no per-example deadline and no "too slow" health check.
+settings.register_profile("h3director", deadline=None, suppress_health_check=[HealthCheck.too_slow],
+                          print_blob=True)
+settings.load_profile("h3director")
 
 
 @pytest.fixture(autouse=True)

@@ -187,6 +187,12 @@ def test_env_override_of_a_whole_section_is_recorded_under_its_variable():
     assert config.env_overrides == {"H3_MEMORY_SAFETY": {"enabled": False, "max_gpu_memory_mb": 512}}
 
 
+def test_env_field_under_a_scalar_section_is_a_problem_not_a_crash():
+    found = _problems({}, env={"H3_MEMORY_SAFETY": "5", "H3_MEMORY_SAFETY__ENABLED": "true"})
+    assert "expected a mapping" in found["memory_safety"]
+    assert "H3_MEMORY_SAFETY already sets memory_safety to 5" in found["memory_safety.enabled"]
+
+
 def test_env_override_errors_name_the_variable():
     found = _problems({}, env={"H3_MEMORY_OPTIMIZATION_LEVEL": "high", "H3_MEMORY_SAFETY_MAX_GPU_MEMORY_MB": "8000",
                                "H3_MONITOR__UPDATE_INTERVAL": "100"})

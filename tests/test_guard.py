@@ -260,3 +260,16 @@ def test_guard_from_config_and_disabled_guard():
     assert off.run(lambda: 5) == 5 and sim.reads == []
     with pytest.raises(Exception, match="action must be one of"):
         MemoryGuard(MiB, action="panic")
+
+
+def test_explicit_arguments_override_the_config_in_both_constructors():
+    from h3director.core.config import validate_config
+    from h3director.core.guard import MemoryGuard
+
+    config = validate_config({"memory_safety": {"enabled": True, "max_gpu_memory_mb": 1024,
+                                                "action_on_exceed": "reduce_batch"}}, env={})
+    plain = MemoryGuard(config, device="cpu")
+    assert (plain.action, plain.enabled, plain.budget_bytes) == ("reduce_batch", True, 1024 * 2**20)
+    for guard in (MemoryGuard(config, device="cpu", action="fallback_to_cpu", enabled=False),
+                  MemoryGuard.from_config(config, device="cpu", action="fallback_to_cpu", enabled=False)):
+        assert (guard.action, guard.enabled, guard.budget_bytes) == ("fallback_to_cpu", False, 1024 * 2**20)

@@ -20,21 +20,31 @@ BUFFER = 400 * MiB
 TOLERANCE = 0.15
 
 
+def _wait_for_samples(mon: Monitor, count: int, timeout_s: float = 60.0) -> None:
+    """Block until the sampler thread has taken `count` more samples: unlike a sleep, this does not
+    depend on how busy the machine is."""
+    target = mon.report().overhead["sampler_samples"] + count
+    deadline = time.monotonic() + timeout_s
+    while mon.report().overhead["sampler_samples"] < target:
+        assert time.monotonic() < deadline, f"the sampler took fewer than {count} samples in {timeout_s} s"
+        time.sleep(0.005)
+
+
 @pytest.fixture(scope="module")
 def recorded() -> tuple[MonitorReport, float]:
     """One monitored run: idle, a 400 MiB buffer held in phase "hold" (inside "outer"), then freed."""
     ticks = iter(range(10**9))
     with Monitor(interval_ms=20, devices=("cpu",), budget_bytes=1024 * MiB) as mon:
         mon.add_series("counter", lambda: float(next(ticks)), unit="count")
-        time.sleep(0.1)
+        _wait_for_samples(mon, 5)
         baseline = mon.report().samples[0].values["host.rss_bytes"]
         with mon.phase("outer"):
             with mon.phase("hold"):
                 buffer = np.ones(BUFFER, dtype=np.uint8)
-                time.sleep(0.15)
+                _wait_for_samples(mon, 5)
             del buffer
             with mon.phase("after"):
-                time.sleep(0.1)
+                _wait_for_samples(mon, 5)
     return mon.report({"purpose": "test"}), baseline
 
 
@@ -136,9 +146,9 @@ def test_long_runs_are_compacted_without_losing_peaks_or_phases():
     with Monitor(interval_ms=1, devices=(), max_samples=16) as mon:
         mon.add_series("spiky", lambda: next(values), unit="count")
         with mon.phase("first"):
-            time.sleep(0.1)
+            _wait_for_samples(mon, 60)   # past the spike at the 41st reading
         with mon.phase("second"):
-            time.sleep(0.05)
+            _wait_for_samples(mon, 20)
     report = mon.report()
     assert report.overhead["compactions"] >= 1
     assert len(report.samples) <= 16

@@ -380,3 +380,13 @@ def test_tee_aborts_every_sink_when_one_fails(tmp_path):
     assert tee.supports_audio  # one of its sinks (the video file) takes audio
     with pytest.raises(InvalidInputError, match="lookahead must be None or in 0..250"):
         VideoFileSink(tmp_path / "v.mp4", lookahead=-1)
+
+
+def test_file_sinks_reserve_the_longest_run_a_decode_writes(tmp_path):
+    # The last H3 clip writes its 17-frame body and 5-frame tail in one call: 22 frames of 640x384x3.
+    spec = StreamSpec(batch=1, channels=3, frames=277, height=384, width=640, fps=24.0)
+    frame = 384 * 640 * 3
+    assert MemmapSink(tmp_path / "v.npy").bytes_needed(spec) == 22 * frame
+    assert VideoFileSink(tmp_path / "v.mp4").bytes_needed(spec) >= 22 * frame
+    short = StreamSpec(batch=1, channels=3, frames=5, height=384, width=640, fps=24.0)
+    assert MemmapSink(tmp_path / "w.npy").bytes_needed(short) == 5 * frame

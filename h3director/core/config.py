@@ -591,11 +591,18 @@ def _env_overrides(
             problems.append(ConfigProblem(".".join(path), value, f"not a YAML value: {exc}", origin=name))
             continue
         target = overrides
-        for part in path[:-1]:
+        for depth, part in enumerate(path[:-1]):
             target = target.setdefault(part, {})
-        target[path[-1]] = parsed
-        origin_of[".".join(path)] = name
-        applied[name] = parsed
+            if not isinstance(target, dict):  # a whole-section variable set it to a scalar
+                section = ".".join(path[:depth + 1])
+                problems.append(ConfigProblem(".".join(path), value,
+                                              f"{origin_of.get(section, section)} already sets {section} to "
+                                              f"{target!r}, which has no fields", origin=name))
+                break
+        if isinstance(target, dict):
+            target[path[-1]] = parsed
+            origin_of[".".join(path)] = name
+            applied[name] = parsed
     return overrides, origin_of, applied, problems
 
 

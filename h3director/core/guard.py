@@ -202,7 +202,7 @@ class MemoryGuard:
         budget_bytes: int | Any | None = None,
         *,
         host_budget_bytes: int | None = None,
-        action: str = "stop_and_clear",
+        action: str | None = None,
         device: str | torch.device = "cuda",
         reducer: Callable[[int], int] | None = None,
         min_batch: int = 1,
@@ -210,13 +210,17 @@ class MemoryGuard:
         device_reader: Callable[[str], int] | None = None,
         host_reader: Callable[[], int] | None = None,
         cache_clearer: Callable[[str], None] | None = None,
-        enabled: bool = True,
+        enabled: bool | None = None,
     ) -> None:
         if budget_bytes is not None and not isinstance(budget_bytes, int):
+            # An H3Config: its memory_safety section, with explicit arguments taking precedence.
             safety = _safety_options(budget_bytes)
-            budget_bytes, action, enabled = safety["budget_bytes"], safety["action"], safety["enabled"]
-            if host_budget_bytes is None:
-                host_budget_bytes = safety["host_budget_bytes"]
+            budget_bytes = safety["budget_bytes"]
+            host_budget_bytes = safety["host_budget_bytes"] if host_budget_bytes is None else host_budget_bytes
+            action = safety["action"] if action is None else action
+            enabled = safety["enabled"] if enabled is None else enabled
+        action = "stop_and_clear" if action is None else action
+        enabled = True if enabled is None else enabled
         for name, value in (("budget_bytes", budget_bytes), ("host_budget_bytes", host_budget_bytes)):
             if value is not None and value <= 0:
                 raise InvalidInputError(f"{name} must be positive or None, got {value}")

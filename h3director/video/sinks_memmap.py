@@ -26,10 +26,9 @@ from numpy.lib.format import open_memmap
 
 from h3director.core.atomic_file import atomic_path, check_output_path, commit, remove_quietly, temporary_path
 from h3director.errors import InvalidInputError
-from h3director.geometry import CLIP_LENGTH
 from h3director.video.pixels import float_pixels, uint8_pixels
 from h3director.video.sink import StreamSpec
-from h3director.video.sinks_base import OrderedSink, require_single_video
+from h3director.video.sinks_base import LONGEST_RUN_FRAMES, OrderedSink, require_single_video
 
 PROGRESS_FORMAT = "h3director.memmap-progress"
 PROGRESS_VERSION = 1
@@ -80,7 +79,7 @@ class MemmapSink(OrderedSink):
         return int(np.prod(self._shape(spec))) * np.dtype(_DTYPES[self.dtype]).itemsize
 
     def bytes_needed(self, spec: StreamSpec) -> int:
-        return min(spec.frames, CLIP_LENGTH) * spec.frame_pixels * np.dtype(_DTYPES[self.dtype]).itemsize
+        return min(spec.frames, LONGEST_RUN_FRAMES) * spec.frame_pixels * np.dtype(_DTYPES[self.dtype]).itemsize
 
     # -- progress record ---------------------------------------------------------------------------
     def _record(self, spec: StreamSpec, frames_done: int) -> dict:

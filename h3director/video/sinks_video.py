@@ -16,10 +16,9 @@ import torch
 
 from h3director.core.atomic_file import check_output_path, commit, remove_quietly, temporary_path
 from h3director.errors import InvalidInputError
-from h3director.geometry import CLIP_LENGTH
 from h3director.video.pixels import uint8_pixels
 from h3director.video.sink import StreamSpec
-from h3director.video.sinks_base import OrderedSink, require_single_video
+from h3director.video.sinks_base import LONGEST_RUN_FRAMES, OrderedSink, require_single_video
 
 CONTAINER_FORMATS = {".mp4": "mp4", ".mov": "mov", ".mkv": "matroska"}
 AUDIO_LAYOUTS = {1: "mono", 2: "stereo"}
@@ -88,7 +87,7 @@ class VideoFileSink(OrderedSink):
         pixels = spec.height * spec.width
         lookahead = DEFAULT_LOOKAHEAD if self.lookahead is None else self.lookahead
         held = X264_FRAMES_HELD + max(0, lookahead - DEFAULT_LOOKAHEAD)
-        return min(spec.frames, CLIP_LENGTH) * pixels * spec.channels + held * pixels * X264_BYTES_PER_PIXEL
+        return min(spec.frames, LONGEST_RUN_FRAMES) * pixels * spec.channels + held * pixels * X264_BYTES_PER_PIXEL
 
     # -- opening -----------------------------------------------------------------------------------
     def _open(self, spec: StreamSpec) -> None:
