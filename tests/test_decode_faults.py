@@ -176,3 +176,43 @@ def test_accelerator_allocation_failures_count_as_out_of_memory():
     assert is_out_of_memory(allocation)
     assert not is_out_of_memory(other)
     assert not is_out_of_memory(ValueError("out of memory"))
+
+
+class _FirstCallAllocatesTooMuch(H3VideoAdapter):
+    """The real H3 adapter whose first clip attempt makes a real host allocation that fails (4 PiB)."""
+
+    def __init__(self, vae):
+        super().__init__(vae)
+        self.attempts = []
+
+    def open(self, latents, *, denormalize=True):
+        session = super().open(latents, denormalize=denormalize)
+        decode_clip = session.decode_clip
+
+        def hungry(clip, execution, checkpoint=None):
+            self.attempts.append((clip.index, execution))
+            if len(self.attempts) == 1:
+                torch.empty(2**50)  # DefaultCPUAllocator: can't allocate memory
+            return decode_clip(clip, execution, checkpoint)
+
+        session.decode_clip = hungry
+        return session
+
+
+def test_a_real_cpu_allocation_failure_is_retried(small_h3, latents, expected):
+    adapter = _FirstCallAllocatesTooMuch(small_h3)
+    report, _ = run(adapter, latents, None)
+    assert torch.equal(report.result, expected)
+    assert [retry.clip for retry in report.retries] == [0]
+    assert "DefaultCPUAllocator" in report.retries[0].error
+    assert adapter.attempts[:2] == [(0, ClipExecution(None)), (0, ClipExecution(1))]
+
+
+def test_the_retry_frees_caches_through_the_one_core_helper(monkeypatch):
+    from h3director.video import faults
+
+    freed = []
+    monkeypatch.setattr(faults, "free_caches", freed.append)
+    faults.free_memory(None)
+    faults.free_memory("cuda:1")
+    assert freed == ["cpu", "cuda:1"]

@@ -264,3 +264,45 @@ def test_every_kind_in_one_log_in_order():
     kinds = [item.kind for item in explain_log(log)]
     assert kinds == ["cuda", "cuda-legacy", "cuda-async", "mps", "cpu"]
     assert all(item.to_dict()["kind"] for item in explain_log(log))
+
+
+def _real_cpu_allocation_failure() -> RuntimeError:
+    """What torch raises when the host allocator really fails: 4 PiB is beyond any address space."""
+    import torch
+
+    try:
+        torch.empty(2**50)
+    except RuntimeError as error:
+        return error
+    raise AssertionError("a 4 PiB allocation succeeded")
+
+
+def test_a_real_cpu_allocation_failure_is_recognised_and_explained():
+    from h3director.core.oom import is_out_of_memory
+
+    error = _real_cpu_allocation_failure()
+    assert is_out_of_memory(error)
+    [found] = explain_log(str(error))
+    assert isinstance(found, OomError) and found.kind == "cpu" and found.requested_bytes == 4 * 2**50
+    assert found.diagnosis == "size-bug"
+
+
+def test_the_retry_and_the_parser_agree_on_every_format():
+    import torch
+
+    from h3director.core.oom import is_out_of_memory
+
+    messages = [
+        "DefaultCPUAllocator: not enough memory: you tried to allocate 1048576 bytes.",
+        "MPS backend out of memory (MPS allocated: 1.00 GB, other allocations: 0 bytes). Tried to allocate "
+        "2.00 GB on private pool.",
+        "CUDA error: out of memory",
+        "Allocation on device 0 would exceed allowed memory. (out of memory)\nCurrently allocated : 1.00 GiB",
+    ]
+    for message in messages:
+        assert explain_log(message), message
+        assert is_out_of_memory(RuntimeError(message)), message
+    assert is_out_of_memory(torch.OutOfMemoryError(""))  # the type alone says it
+    assert not is_out_of_memory(RuntimeError("shape mismatch"))
+    assert not is_out_of_memory(ValueError("out of memory"))  # not an allocator's exception type
+    assert not is_out_of_memory(MemoryError())  # no message: nothing to read

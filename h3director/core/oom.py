@@ -29,12 +29,17 @@ Sizes printed by PyTorch are rounded to two decimals of binary units ("KiB/MiB/G
 "KB/MB/GB" for the same powers of 1024), so parsed byte counts are exact only to that rounding.
 A line that mentions running out of memory in any other form is reported as not understood:
 nothing is guessed.
+
+`is_out_of_memory(error)` is the one recogniser of allocator failures in exceptions: the decode's
+clip retry (`h3director.video.scheduler`) and this parser read the same formats, so an error the
+parser explains is one the retry acts on (a real CPU allocation failure included).
 """
 
 from __future__ import annotations
 
 import bisect
 import re
+import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -118,6 +123,36 @@ _OOM_HINT = re.compile(
     r"|Unable to allocate|\bOOM\b",
     re.IGNORECASE,
 )
+
+#: Accelerator error code of a failed allocation (cudaErrorMemoryAllocation), as ``torch.AcceleratorError.error_code``
+#: carries it: what the cudaMallocAsync backend raises instead of ``torch.OutOfMemoryError``.
+CUDA_ERROR_MEMORY_ALLOCATION = 2
+
+
+def mentions_out_of_memory(text: str) -> bool:
+    """True when ``text`` says an allocation failed: one of the formats `explain_log` reads, or a line it
+    would report as a not-understood out-of-memory line."""
+    return bool(_OOM_HINT.search(text)) or any(pattern.search(text) for pattern, _ in _PARSERS)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """True for an allocator failure worth retrying with less memory.
+
+    That is: a ``torch.OutOfMemoryError`` (CUDA, XPU; what ``torch.cuda.OutOfMemoryError`` aliases);
+    an accelerator error with CUDA's allocation-failure code; or a ``RuntimeError`` / ``MemoryError``
+    whose message `mentions_out_of_memory` (MPS, the CPU allocator's "DefaultCPUAllocator: can't
+    allocate memory", numpy's "Unable to allocate", "CUDA error: out of memory"). Other exception types
+    (a ``ValueError`` whose text says "out of memory") and a bare ``MemoryError()`` are not.
+    """
+    torch = sys.modules.get("torch")  # no torch imported: no torch error can exist
+    if torch is not None and isinstance(error, getattr(torch, "OutOfMemoryError", ())):
+        return True
+    if not isinstance(error, (RuntimeError, MemoryError)):
+        return False
+    if getattr(error, "error_code", None) == CUDA_ERROR_MEMORY_ALLOCATION and isinstance(error, RuntimeError):
+        return True
+    return mentions_out_of_memory(str(error))
+
 
 #: A request this much bigger than the device is a size bug, not a memory shortage.
 ABSURD_REQUEST_BYTES = 1024**5  # 1 PiB

@@ -1,8 +1,9 @@
 """Out-of-memory recognition and fault injection for the decode scheduler.
 
 `is_out_of_memory(error)` says whether an exception is an allocator failure worth retrying with a
-cheaper execution: `torch.OutOfMemoryError` (CUDA, and what `torch.cuda.OutOfMemoryError` aliases)
-or a `RuntimeError` whose message says "out of memory" (MPS, older CUDA paths, CPU allocators).
+cheaper execution. It is `h3director.core.oom.is_out_of_memory`, re-exported: the same recogniser
+the `oom` log parser uses (`torch.OutOfMemoryError`, CUDA's allocation-failure code, and the
+allocators' messages, the CPU's "DefaultCPUAllocator: can't allocate memory" included).
 
 Fault injection: the scheduler and the adapters call the injector at fixed points of every clip
 attempt (`FaultPoint`); an injector raises to simulate a failure there. `OomOnClip` raises a real
@@ -12,11 +13,16 @@ tests is the one a GPU takes.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
+
+from h3director.core.guard import free_caches
+from h3director.core.oom import CUDA_ERROR_MEMORY_ALLOCATION, is_out_of_memory
+
+__all__ = ["CUDA_ERROR_MEMORY_ALLOCATION", "STAGE_MID", "STAGE_START", "FaultInjector", "FaultPoint", "OomOnClip",
+           "free_memory", "is_out_of_memory"]
 
 STAGE_START = "start"   # before the adapter is called for a clip attempt
 STAGE_MID = "mid"       # inside the adapter, after the first decoder call of the attempt (state half-updated)
@@ -34,27 +40,10 @@ class FaultPoint:
 FaultInjector = Callable[[FaultPoint], None]
 
 
-CUDA_ERROR_MEMORY_ALLOCATION = 2   # cudaErrorMemoryAllocation, as `torch.AcceleratorError.error_code`
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """True for allocator failures: `torch.OutOfMemoryError`, a RuntimeError saying "out of memory", or
-    an accelerator error with CUDA's allocation-failure code (what the cudaMallocAsync backend raises)."""
-    if isinstance(error, torch.OutOfMemoryError):
-        return True
-    if getattr(error, "error_code", None) == CUDA_ERROR_MEMORY_ALLOCATION and isinstance(error, RuntimeError):
-        return True
-    return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
-
-
 def free_memory(device: torch.device | str | None) -> None:
-    """Drop unreachable tensors and return cached blocks of `device`'s allocator to the driver."""
-    gc.collect()
-    kind = torch.device(device).type if device is not None else "cpu"
-    if kind == "cuda" and torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    elif kind == "mps" and hasattr(torch, "mps") and torch.backends.mps.is_available():
-        torch.mps.empty_cache()
+    """Drop unreachable tensors and return cached blocks of `device`'s allocator to the driver
+    (`h3director.core.guard.free_caches`; ``None`` means the CPU)."""
+    free_caches("cpu" if device is None else device)
 
 
 @dataclass
