@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "oom": "oom",
     "doctor": "doctor",
     "config": "config",
+    "verify-kernels": "verify_kernels",
 }
 
 
@@ -43,7 +44,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         description="H3 Director: bounded, visible memory for long MiniMax H3 video generation.",
     )
     parser.add_argument("--version", action="version", version=f"h3director {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # A dest no subcommand uses for itself: `monitor -- CMD` has a positional named "command".
+    sub = parser.add_subparsers(dest="_command_name", metavar="COMMAND")
     for name, module_name in COMMANDS.items():
         if only is not None and name != only:
             sub.add_parser(name, add_help=False)
@@ -71,10 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except H3DirectorError as exc:
-        print(f"h3director {args.command}: error: {exc}", file=sys.stderr)
+        print(f"h3director {args._command_name}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"h3director {args.command}: interrupted", file=sys.stderr)
+        print(f"h3director {args._command_name}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # The reader went away (`h3director config show | head`): stop quietly, as Unix tools do.

@@ -3,7 +3,9 @@
 Runs COMMAND, samples the memory of its whole process tree from outside (host RSS summed over
 the process and its descendants; GPU memory per process through NVML where available), and
 writes ``report.json``, ``report.csv`` and ``timeline.png`` into ``--out``. The exit code is
-COMMAND's (128 + N when a signal N killed it). The report is written whatever the outcome.
+COMMAND's (128 + N when a signal N killed it). The report is written whatever the outcome; that
+``--out`` can take it (a folder, created if missing, that a file can be written into, with no
+folder in the way of a report file) is checked before COMMAND starts.
 
 Without COMMAND, ``--synthetic`` runs a built-in workload in this process (phases that load,
 sample, decode and free known amounts of memory) to show what a report looks like.
@@ -12,9 +14,11 @@ sample, decode and free known amounts of memory) to show what a report looks lik
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,6 +27,7 @@ from h3director.units import MiB, format_size, parse_size
 HELP = "Run a command (or a built-in synthetic workload) and record its memory timeline: JSON, CSV, PNG."
 
 DEFAULT_OUT = "h3director-monitor"
+REPORT_FILES = ("report.json", "report.csv", "timeline.png")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +53,40 @@ def _interval_ms(args: argparse.Namespace) -> float:
     return float(load_config().monitor.update_interval_ms)
 
 
+def check_report_folder(out: str | os.PathLike, *, plot: bool = True) -> Path:
+    """Make sure ``out`` can take the report before any work starts; returns it as an absolute path.
+
+    ``out`` must be a folder (it and its parents are created if missing) into which this process can
+    write a file, with nothing but a plain file where ``report.json``, ``report.csv`` (and, with
+    ``plot``, ``timeline.png``) go: an existing report is replaced. Raises `InvalidInputError`.
+    """
+    from h3director.errors import InvalidInputError
+
+    out = Path(out).expanduser().absolute()
+    shown = f"--out {str(out)!r}"
+    for folder in (out, *out.parents):
+        if folder.exists() or folder.is_symlink():
+            if not folder.is_dir():
+                raise InvalidInputError(f"{shown}: {str(folder)!r} is a file, not a folder; the report needs a folder")
+            break
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInputError(f"{shown}: cannot create the report folder: {exc.strerror or exc}") from None
+    for name in REPORT_FILES if plot else REPORT_FILES[:2]:
+        target = out / name
+        if target.exists() and not target.is_file():
+            raise InvalidInputError(f"{shown}: {name} there is not a plain file (a folder?), so the report cannot "
+                                    "replace it")
+    try:
+        handle, probe = tempfile.mkstemp(dir=out, prefix=".h3director-probe-")
+    except OSError as exc:
+        raise InvalidInputError(f"{shown}: cannot write into the folder: {exc.strerror or exc}") from None
+    os.close(handle)
+    os.unlink(probe)
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from h3director.core.monitor import Monitor, ProcessTree
     from h3director.errors import InvalidInputError
@@ -58,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
     if bool(command) == bool(args.synthetic):
         raise InvalidInputError("give either a command after '--' (h3director monitor -- python train.py) or --synthetic")
     budget = parse_size(args.budget, binary_gb=True) if args.budget else None
-    out = Path(args.out)
     interval = _interval_ms(args)
+    out = check_report_folder(args.out, plot=not args.no_plot)
 
     if args.synthetic:
         monitor = Monitor(interval_ms=interval, devices=("cpu",), budget_bytes=budget)
