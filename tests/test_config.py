@@ -167,7 +167,7 @@ def test_env_overrides_nested_and_typed_as_yaml():
         "H3_CROSS_MODAL_SHARED_MEMORY__KEYS": "[a, b]",
         "H3_VIDEO_DECODE__TILES_PER_CALL": "null",
         "H3_TORCH_VERSION": "2.13.0",  # a set-up knob, not config
-        "H3_SOMETHING_ELSE": "x",  # unrelated to any field: ignored
+        "H3_NATIVE": "numpy",  # a switch of the native core, not config
         "PATH": "/bin",
     }
     config = validate_config({"memory_optimization_level": 1, "video_decode": {"tiles_per_call": 4}}, env=env)
@@ -200,6 +200,54 @@ def test_env_override_errors_name_the_variable():
     assert "'high'" in found["memory_optimization_level"]
     assert "did you mean H3_MEMORY_SAFETY__MAX_GPU_MEMORY_MB" in found["memory_safety_max_gpu_memory_mb"]
     assert "did you mean H3_MONITOR__UPDATE_INTERVAL_MS" in found["monitor.update_interval"]
+
+
+def test_an_h3_variable_that_is_neither_a_field_nor_a_switch_is_reported():
+    found = _problems({}, env={"H3_SOMETHING_ELSE": "x", "H3_CONFIG": "/nowhere.yaml", "H3_NATIVE": "c",
+                               "H3_NATIVE_LIB": "/lib.so", "H3_TORCH_VERSION": "2.13.0"})
+    assert list(found) == ["something_else"]
+    assert "H3_SOMETHING_ELSE is neither a config field nor one of h3director's own switches" in found["something_else"]
+    for switch in ("H3_CONFIG", "H3_NATIVE", "H3_NATIVE_LIB", "H3_TORCH_VERSION"):
+        assert switch in found["something_else"]
+
+
+def test_every_h3_variable_the_code_reads_is_a_field_or_a_known_switch():
+    import re
+    from pathlib import Path
+
+    from h3director.core.config import ENV_NOT_CONFIG, _field_paths
+
+    root = Path(__file__).resolve().parents[1]
+    fields = {env_name(path) for path in _field_paths()}
+    # os.environ["H3_X"], os.environ.get("H3_X"), os.getenv("H3_X"), env.get("H3_X"), NAME_ENV = "H3_X"
+    reads = re.compile(r"""(?:environ\s*\[|\.get\(|getenv\(|_ENV\s*=)\s*["'](H3_[A-Z0-9_]+)["']""")
+    read = set()
+    for path in (root / "h3director").rglob("*.py"):
+        read |= set(reads.findall(path.read_text()))
+    for path in [*(root / "scripts").glob("*.sh"), *(root / "tests").rglob("*.sh")]:
+        read |= set(re.findall(r"\$\{?(H3_[A-Z0-9_]+)", path.read_text()))
+    assert {"H3_CONFIG", "H3_NATIVE", "H3_NATIVE_LIB", "H3_TORCH_VERSION"} <= read  # the scan finds them
+    assert read - fields - ENV_NOT_CONFIG == set()
+
+
+def test_the_error_blames_the_variable_not_the_file_for_a_bad_environment_value():
+    with pytest.raises(ConfigValidationError) as info:
+        validate_config({}, source="/pkg/h3_config.yaml", env={"H3_MEMORY_OPTIMIZATION_LEVEL": "9"})
+    first = str(info.value).splitlines()[0]
+    assert first == "invalid environment override H3_MEMORY_OPTIMIZATION_LEVEL (over /pkg/h3_config.yaml): 1 problem"
+    with pytest.raises(ConfigValidationError) as info:
+        validate_config({"pool_slot_mb": 0}, source="/my.yaml", env={"H3_VIDEO_DECODE__SINK": "gif"})
+    assert str(info.value).splitlines()[0] == ("invalid configuration /my.yaml and environment override "
+                                               "H3_VIDEO_DECODE__SINK: 2 problems")
+    with pytest.raises(ConfigValidationError) as info:
+        validate_config({"pool_slot_mb": 0}, source="/my.yaml")
+    assert str(info.value).splitlines()[0] == "invalid configuration /my.yaml: 1 problem"
+
+
+def test_a_problem_inside_a_whole_section_variable_names_that_variable():
+    found = _problems({}, env={"H3_MEMORY_SAFETY": "{enabled: 5, max_gpu_memory_mbb: 1}"})
+    assert "(from H3_MEMORY_SAFETY)" in found["memory_safety.enabled"]
+    assert "(from H3_MEMORY_SAFETY)" in found["memory_safety.max_gpu_memory_mbb"]
 
 
 def test_env_name_round_trip():

@@ -273,3 +273,31 @@ def test_explicit_arguments_override_the_config_in_both_constructors():
     for guard in (MemoryGuard(config, device="cpu", action="fallback_to_cpu", enabled=False),
                   MemoryGuard.from_config(config, device="cpu", action="fallback_to_cpu", enabled=False)):
         assert (guard.action, guard.enabled, guard.budget_bytes) == ("fallback_to_cpu", False, 1024 * 2**20)
+
+
+def test_the_message_names_the_guarded_device():
+    sim = SimulatedDevice(used=90 * MiB)
+    gpu = _guard(sim)
+    with pytest.raises(MemoryLimitExceeded) as info:
+        gpu.preflight(20 * MiB, "decode")
+    assert str(info.value).startswith("[Director Safety] GPU memory limit exceeded in phase 'decode' on cuda:0: budget")
+    assert info.value.memory == "GPU" and info.value.device == "cuda:0"
+
+    cpu = MemoryGuard(100 * MiB, device="cpu", device_reader=sim.used_bytes, cache_clearer=sim.clear,
+                      poll_interval_ms=0)
+    with pytest.raises(MemoryLimitExceeded) as info:
+        cpu.preflight(20 * MiB, "decode")
+    assert str(info.value).startswith("[Director Safety] CPU memory limit exceeded in phase 'decode' on cpu: budget")
+    assert info.value.memory == "CPU"
+
+    def grow():
+        sim.used = 150 * MiB
+
+    with pytest.raises(MemoryLimitExceeded, match=r"^\[Director Safety\] CPU memory limit exceeded in phase 'grow'"):
+        cpu.run(grow, what="grow")
+
+    def fail():
+        raise torch.OutOfMemoryError("injected")
+
+    with pytest.raises(MemoryLimitExceeded, match=r"^\[Director Safety\] CPU memory limit exceeded .*out of memory on cpu"):
+        cpu.run(fail, what="fail")

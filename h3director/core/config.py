@@ -9,7 +9,9 @@ Where the configuration comes from (first found wins), then what may change it:
 
 then ``H3_<FIELD>`` environment variables override single fields, nested fields joined with a
 double underscore: ``H3_MEMORY_OPTIMIZATION_LEVEL=2``, ``H3_MEMORY_SAFETY__MAX_GPU_MEMORY_MB=8000``.
-Values are read as YAML scalars (``true``, ``512``, ``0.6``, ``null``, ``[a, b]``).
+Values are read as YAML scalars (``true``, ``512``, ``0.6``, ``null``, ``[a, b]``). Any other
+``H3_`` variable is a problem too (a near miss gets a "did you mean"), except h3director's own
+switches in `ENV_NOT_CONFIG`; an error caused by a variable names the variable, not the file.
 
 Units: every ``*_mb`` field is in MiB (1 MiB = 1,048,576 bytes), as PyTorch and ``nvidia-smi``
 count. Code below the edges uses the ``*_bytes`` properties.
@@ -51,8 +53,14 @@ MAX_CONFIG_BYTES = 1024 * 1024
 #: Largest single environment override value (characters).
 MAX_ENV_VALUE_CHARS = 4096
 ENV_PREFIX = "H3_"
-#: H3_ variables that are not config fields (the config path itself, set-up knobs).
-ENV_NOT_CONFIG = frozenset({"H3_CONFIG", "H3_TORCH_VERSION"})
+#: H3_ variables that are not config fields: h3director's own switches, each read where it acts.
+ENV_NOT_CONFIG = frozenset({
+    "H3_CONFIG",          # the config file itself (this module, comfy/settings.py)
+    "H3_NATIVE",          # native core backend: "numpy" or "c" (native/__init__.py)
+    "H3_NATIVE_LIB",      # path of the compiled native library (native/_loader.py)
+    "H3_KERNEL_CACHE",    # the DiT kernel verification cache file (dit/kernel_cache.py)
+    "H3_TORCH_VERSION",   # the torch version scripts/setup.sh installs
+})
 DEFAULT_CONFIG_NAME = "h3_config.yaml"
 _DEVICE_RE = re.compile(r"^(cpu|mps|cuda(:[0-9]+)?)$")
 
@@ -354,7 +362,16 @@ class ConfigValidationError(ConfigError):
         self.source = source
         self.problems = list(problems)
         count = len(self.problems)
-        lines = [f"invalid configuration {source}: {count} problem{'s' if count != 1 else ''}"]
+        variables = list(dict.fromkeys(p.origin for p in self.problems if p.origin not in ("", "file")))
+        from_file = any(p.origin in ("", "file") for p in self.problems)
+        overrides = f"environment override{'s' if len(variables) != 1 else ''} {', '.join(variables)}"
+        if not variables:
+            what = f"configuration {source}"
+        elif from_file:
+            what = f"configuration {source} and {overrides}"
+        else:
+            what = f"{overrides} (over {source})"
+        lines = [f"invalid {what}: {count} problem{'s' if count != 1 else ''}"]
         lines += [f"  - {problem}" for problem in self.problems]
         super().__init__("\n".join(lines))
 
@@ -436,9 +453,19 @@ def _problems_from_validation(error: ValidationError, origin_of: Mapping[str, st
             continue
         seen.add(key)
         value = item.get("input", _MISSING) if kind != "missing" else _MISSING
-        origin = origin_of.get(path, "file")
+        origin = _origin(loc, origin_of)
         problems.append(ConfigProblem(path=path, value=value, allowed=allowed, origin=origin))
     return _merge_union_branches(problems)
+
+
+def _origin(loc: tuple[str, ...], origin_of: Mapping[str, str]) -> str:
+    """The variable that set the field at ``loc`` or a section around it (``H3_MEMORY_SAFETY`` for a
+    problem at ``memory_safety.enabled``), else "file"."""
+    for depth in range(len(loc), 0, -1):
+        origin = origin_of.get(".".join(loc[:depth]))
+        if origin:
+            return origin
+    return "file"
 
 
 def _merge_union_branches(problems: list[ConfigProblem]) -> list[ConfigProblem]:
@@ -574,13 +601,15 @@ def _env_overrides(
             close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
             if parts[0] in top_level or close:
                 hint = f"did you mean {close[0]}? " if close else ""
-                problems.append(ConfigProblem(
-                    ".".join(parts), value,
-                    f"{name} is not a config field; {hint}nested fields are joined with '__', "
-                    f"e.g. {env_name(('memory_safety', 'max_gpu_memory_mb'))}",
-                    origin=name,
-                ))
-            continue  # an H3_ variable unrelated to the config
+                allowed = (f"{name} is not a config field; {hint}nested fields are joined with '__', "
+                           f"e.g. {env_name(('memory_safety', 'max_gpu_memory_mb'))}")
+            else:
+                allowed = (f"{name} is neither a config field nor one of h3director's own switches "
+                           f"({', '.join(sorted(ENV_NOT_CONFIG))}); unset it (a config field's variable is H3_ + its "
+                           f"name in capitals, sections joined with '__': "
+                           f"{env_name(('memory_safety', 'max_gpu_memory_mb'))})")
+            problems.append(ConfigProblem(".".join(parts), value, allowed, origin=name))
+            continue
         if len(value) > MAX_ENV_VALUE_CHARS:
             problems.append(ConfigProblem(".".join(path), f"<{len(value)} characters>",
                                           f"an override is at most {MAX_ENV_VALUE_CHARS} characters", origin=name))

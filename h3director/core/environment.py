@@ -70,6 +70,8 @@ def _torch_build(torch) -> str:
 
 
 def _native_core() -> str:
+    """One line on the native core: the C library in use, or the numpy fallback and why (not built,
+    or built but forced off by ``H3_NATIVE=numpy``)."""
     try:
         from h3director import native
     except ImportError:
@@ -81,7 +83,20 @@ def _native_core() -> str:
         name = backend()
     except Exception as exc:  # a broken build must show up here, not crash doctor
         return f"error: {type(exc).__name__}: {exc}"
-    return {"c": "C library (h3_core)", "numpy": "numpy fallback (C library not built)"}.get(name, str(name))
+    if name == "c":
+        return "C library (h3_core)"
+    if name != "numpy":
+        return str(name)
+    forced = os.environ.get("H3_NATIVE", "").strip().lower() == "numpy"
+    try:
+        native.implementation("c")
+        built = True
+    except Exception:  # noqa: BLE001 - ImportError when missing; anything else also means "not usable"
+        built = False
+    if forced:
+        return ("numpy fallback (C library built, forced off by H3_NATIVE=numpy)" if built
+                else "numpy fallback (forced by H3_NATIVE=numpy; the C library is not built either)")
+    return "numpy fallback (C library not built)"
 
 
 def _packages() -> dict[str, str | None]:
@@ -140,8 +155,8 @@ def collect(config_path: str | None = None) -> Environment:
         features = config.features().enabled()
     except ConfigError as exc:
         config_problems = [str(p) for p in getattr(exc, "problems", [])] or [str(exc)]
-        warnings.append(f"the config {path} is invalid ({len(config_problems)} problem(s)); "
-                        f"run `h3director config check {path}`")
+        # The error's first line names the culprit: the file, or the H3_ variables that broke it.
+        warnings.append(f"{str(exc).splitlines()[0]}; run `h3director config check {path}` to see each problem")
 
     backend = devices.cuda_allocator_backend()
     alloc_conf = {name: os.environ[name] for name in ALLOC_CONF_VARIABLES if name in os.environ}
@@ -200,7 +215,10 @@ def collect(config_path: str | None = None) -> Environment:
             f"only {format_size(cpu.free_bytes)} of host RAM available: a 362-frame 1344x768 video is "
             f"{format_size(LONG_VIDEO_F32_BYTES)} as float32; decode into a uint8, memmap or video sink"
         )
-    if env.native_core == "not built" or env.native_core.startswith("numpy"):
+    if "forced off by H3_NATIVE" in env.native_core:
+        warnings.append("native core forced off by H3_NATIVE=numpy: frame packing runs on the numpy fallback "
+                        "(same bytes, slower); unset H3_NATIVE to use the built C library")
+    elif env.native_core == "not built" or env.native_core.startswith("numpy"):
         warnings.append("native core not in use: frame packing runs on the numpy fallback (same bytes, slower)")
     env.warnings = warnings
     return env

@@ -13,8 +13,9 @@ A guard has a device budget (``max_gpu_memory_mb``; compared with
   (``torch.OutOfMemoryError``) counts as exceeding the budget.
 - On exceeding, the configured action runs:
   ``stop_and_clear``: free caches (``gc.collect`` and the device's ``empty_cache``), then raise
-  `MemoryLimitExceeded` ("[Director Safety] GPU memory limit exceeded ..." naming the phase, the
-  budget and the measured use);
+  `MemoryLimitExceeded` ("[Director Safety] GPU memory limit exceeded in phase ... on cuda:0 ..."
+  naming the phase, the device, the budget and the measured use; "CPU" for a guard on the CPU,
+  "host" for the host budget);
   ``reduce_batch``: free caches, call the reducer on the step's ``batch_size`` (default: halve) and
   rerun; below ``min_batch`` it stops as above;
   ``fallback_to_cpu``: free caches and rerun the step with ``device="cpu"`` (host budget only).
@@ -46,19 +47,21 @@ ACTIONS = ("stop_and_clear", "reduce_batch", "fallback_to_cpu")
 class MemoryLimitExceeded(H3DirectorError):
     """Work crossed (or would cross) a memory budget; the message starts with ``[Director Safety]``.
 
-    Attributes: ``phase``, ``memory`` ("GPU" or "host"), ``budget_bytes``, ``measured_bytes``,
-    ``requested_bytes`` (preflight only, else 0).
+    Attributes: ``phase``, ``memory`` ("GPU", "CPU" for a device budget on the CPU, or "host" for the
+    host budget; see `memory_label`), ``budget_bytes``, ``measured_bytes``, ``requested_bytes``
+    (preflight only, else 0), ``device`` (the guarded device, "" when not given).
     """
 
     def __init__(self, phase: str, memory: str, budget_bytes: int, measured_bytes: int,
-                 requested_bytes: int = 0, detail: str = "") -> None:
-        self.phase, self.memory = phase, memory
+                 requested_bytes: int = 0, detail: str = "", device: str = "") -> None:
+        self.phase, self.memory, self.device = phase, memory, device
         self.budget_bytes, self.measured_bytes, self.requested_bytes = budget_bytes, measured_bytes, requested_bytes
         use = f"measured use {format_size(measured_bytes)} ({measured_bytes} B)"
         if requested_bytes:
             use += f" + requested {format_size(requested_bytes)} ({requested_bytes} B)"
         message = (
-            f"[Director Safety] {memory} memory limit exceeded in phase {phase!r}: "
+            f"[Director Safety] {memory} memory limit exceeded in phase {phase!r}"
+            + (f" on {device}" if device else "") + ": "
             f"budget {format_size(budget_bytes)} ({budget_bytes} B), {use}"
         )
         super().__init__(message + (f"; {detail}" if detail else ""))
@@ -76,6 +79,18 @@ class GuardEvent:
     budget_bytes: int | None
     batch_size: int | None
     device: str
+
+
+def memory_label(device: str | torch.device) -> str:
+    """What a device budget is called in messages: "CPU" for the CPU, "GPU" for any accelerator."""
+    return "CPU" if torch.device(device).type == "cpu" else "GPU"
+
+
+def _exceeded(phase: str, device: str, budget_bytes: int, measured_bytes: int, requested_bytes: int = 0,
+              detail: str = "") -> MemoryLimitExceeded:
+    """`MemoryLimitExceeded` for the device budget of ``device``."""
+    return MemoryLimitExceeded(phase, memory_label(device), budget_bytes, measured_bytes, requested_bytes,
+                               detail=detail, device=str(device))
 
 
 class _Exceeded(Exception):
@@ -138,7 +153,7 @@ class _Watch:
                 used = int(guard.device_reader(self.device))
                 self.peak_device = max(self.peak_device, used)
                 if used > self.device_budget and self.exceeded is None:
-                    self.exceeded = MemoryLimitExceeded(self.phase, "GPU", self.device_budget, used)
+                    self.exceeded = _exceeded(self.phase, self.device, self.device_budget, used)
             if guard.host_budget_bytes is not None:
                 used = int(guard.host_reader())
                 self.peak_host = max(self.peak_host, used)
@@ -275,7 +290,7 @@ class MemoryGuard:
             self.cache_clearer(self.device)
             used = int(self.device_reader(self.device))
         if used + nbytes > self.budget_bytes:
-            raise MemoryLimitExceeded(what, "GPU", self.budget_bytes, used, nbytes)
+            raise _exceeded(what, self.device, self.budget_bytes, used, nbytes)
         return self.budget_bytes - used - nbytes
 
     def check(self) -> None:
@@ -320,6 +335,7 @@ class MemoryGuard:
                     raise MemoryLimitExceeded(
                         error.phase, error.memory, error.budget_bytes, error.measured_bytes, error.requested_bytes,
                         detail=f"batch size {batch} cannot be reduced below the floor {self.min_batch}",
+                        device=error.device,
                     ) from error
                 self._record(what, cause, "reduce_batch", error, batch, device)
                 batch = smaller
@@ -355,8 +371,8 @@ class MemoryGuard:
         except Exception:  # noqa: BLE001 - a failed reading must not hide the out-of-memory error
             measured = watch.peak_device
         if self.budget_bytes is None:
-            return MemoryLimitExceeded(what, "GPU", 0, measured, detail=f"out of memory on {device} (no budget set)")
-        return MemoryLimitExceeded(what, "GPU", self.budget_bytes, measured, detail=f"out of memory on {device}")
+            return _exceeded(what, device, 0, measured, detail=f"out of memory on {device} (no budget set)")
+        return _exceeded(what, device, self.budget_bytes, measured, detail=f"out of memory on {device}")
 
     def _give_up(self, error: MemoryLimitExceeded, cause: str, batch: int | None, device: str,
                  cause_exc: BaseException | None = None) -> None:
