@@ -11,13 +11,18 @@ Knobs (what users set to fit):
 - `attention`: "flash" / "efficient" (fused kernels: output + float32 log-sum-exp), "sage"
   (SageAttention: also int8 copies of q and k), "math" (PyTorch's unfused path: scores and
   probabilities, `heads x S x S` each);
-- `head_chunks`: q/k/v are projected and attended `heads / head_chunks` heads at a time into a
-  preallocated output (what the published 4-head-chunk measurement did); 1 = diffusers as shipped;
-- `ffn_chunks`: the FFN runs over `S / ffn_chunks` rows at a time into a preallocated output.
+- the tier (`h3director.dit.tiers.DiTMemoryPlan`'s fields, taken here as plain values): `lifetime`
+  frees, `head_chunks` (q/k/v projected and attended a head group at a time into a preallocated
+  output), `query_chunks` (128-row-aligned query blocks per group), `ffn_chunks` (the FFN per range of
+  rows). All ones and no lifetime frees = the framework's stock block.
 
-Chunking is not in diffusers; its ledger follows the design above and is not calibrated here.
+`dit_block_peak_bytes(shape, rows, dtype, framework=..., plan=...)` replays one block of diffusers
+(`MiniMaxH3TransformerBlock`) or ComfyUI (`comfy/ldm/minimax/model.py` `DiTBlock`), stock or as the
+project's adapters run it; tests/test_plan_dit_tiers.py checks every replay against `LiveBytesTracker`
+on the real blocks. `dit_forward_peak_bytes` is the diffusers forward.
 Norms follow PyTorch's composite RMSNorm (the input upcast to float32, then cast back), which is
-what runs on CPU; fused GPU kernels allocate less, so GPU estimates err on the high side.
+what runs on CPU; fused GPU kernels allocate less, so GPU estimates err on the high side. ComfyUI's
+fused q/k norm + rotary kernel (comfy-kitchen) works in place and is priced at zero bytes.
 """
 
 from __future__ import annotations
@@ -139,11 +144,12 @@ def _rms_norm(ledger: _DiTLedger, name: str, numel: int, e: int, input_bytes: in
         ledger.rename(name + ".f32", name)
 
 
-def replay_math_attention(ledger: ByteLedger, score_elements: int, out_bytes: int, e: int) -> None:
+def replay_math_attention(ledger: ByteLedger, score_elements: int, out_bytes: int, e: int,
+                          k_bytes: int | None = None) -> None:
     """PyTorch's unfused SDPA: q and k scaled by sqrt(scale) (copies), scores, their softmax, then the
-    output "attn" (left live; the output has q's size, `out_bytes`)."""
+    output "attn" (left live; the output has q's size, `out_bytes`; k has `k_bytes`, default q's size)."""
     ledger.alloc("q_scaled", out_bytes)
-    ledger.alloc("k_scaled", out_bytes)
+    ledger.alloc("k_scaled", out_bytes if k_bytes is None else k_bytes)
     ledger.alloc("scores", score_elements * e)
     ledger.free("k_scaled")
     ledger.alloc("probs", score_elements * e)
@@ -152,70 +158,163 @@ def replay_math_attention(ledger: ByteLedger, score_elements: int, out_bytes: in
     ledger.free("probs", "q_scaled")
 
 
-def _attention(ledger: ByteLedger, shape: DiTShape, seq: int, e: int, attention: str, head_chunks: int,
-               rope: bool) -> None:
-    """`MiniMaxH3AttnProcessor` on input "m" -> leaves "attn_out" (seq x hidden) live."""
-    heads = shape.heads // head_chunks
-    part = seq * heads * shape.head_dim               # elements of q (or k, v) for one head group
-    rot = seq * heads * shape.rotary_dim
-    if head_chunks > 1:
-        ledger.alloc("attn_all", seq * shape.inner * e)
-    for name in ("q", "k", "v"):
-        ledger.alloc(name, part * e)
-    for name in ("q", "k"):
-        _rms_norm(ledger, name + "n", part, e, e, affine=True)
-        ledger.free(name)
-        ledger.rename(name + "n", name)
-    if rope:
-        if e != FP32:
-            ledger.alloc("cos_cast", seq * shape.rotary_dim * e)
-            ledger.alloc("sin_cast", seq * shape.rotary_dim * e)
-        for name in ("q", "k"):
-            ledger.transient(rot // 2 * e)              # -x2, then cat -> rotated
-            ledger.alloc("rotated", rot * e)
-            ledger.alloc("x_cos", rot * e)
-            ledger.alloc("r_sin", rot * e)
-            ledger.alloc("rot_sum", rot * e)
-            ledger.free("x_cos", "r_sin", "rotated")
-            ledger.alloc(name + "r", part * e)
-            ledger.free("rot_sum", name)
-            ledger.rename(name + "r", name)
-        if e != FP32:
-            ledger.free("cos_cast", "sin_cast")
+# ---------------------------------------------------------------------------------------------------
+# One DiT block, per framework and tier
+#
+# A tier is what `h3director.dit.tiers.DiTMemoryPlan` names (plan/ sits below dit/, so the ledgers take
+# its four fields as plain values, `BlockTier`). The stock replays follow the frameworks' own blocks;
+# the tiered replays follow the adapters (`h3director.integrations.diffusers_dit`, `comfy_dit`), which
+# iterate through `h3director.dit.blocks`: head group by head group, query chunk by query chunk, FFN
+# row range by row range. Chunks of one loop are the same size but the last, and each chunk's tensors
+# die before the next one is made, so the first (largest) chunk holds the loop's peak: one replay of it
+# is exact.
+# ---------------------------------------------------------------------------------------------------
+
+FRAMEWORKS = ("diffusers", "comfy")
+QUERY_ALIGN = 128
+"""Query chunks start on multiples of this many rows (`h3director.dit.tiers.QUERY_ALIGN`, same value)."""
+ADALN_MODALITIES = 3
+ADALN_TERMS = 6
+
+
+@dataclass(frozen=True)
+class BlockTier:
+    """The fields of a `DiTMemoryPlan` the ledgers read. `lifetime=False` is the framework's stock block;
+    chunked tiers always free by lifetime."""
+
+    head_chunks: int = 1
+    ffn_chunks: int = 1
+    query_chunks: int = 1
+    lifetime: bool = False
+
+    @classmethod
+    def of(cls, plan: object) -> BlockTier:
+        """From any object with `head_chunks`, `ffn_chunks`, `query_chunks` and `lifetime` (a `DiTMemoryPlan`)."""
+        return cls(int(plan.head_chunks), int(plan.ffn_chunks), int(getattr(plan, "query_chunks", 1)),
+                   bool(getattr(plan, "lifetime", True)))
+
+    @property
+    def grouped(self) -> bool:
+        """Attention runs into a preallocated output (head groups or query chunks)."""
+        return self.head_chunks > 1 or self.query_chunks > 1
+
+
+def block_tier(head_chunks: int = 1, ffn_chunks: int = 1, query_chunks: int = 1,
+               lifetime: bool | None = None) -> BlockTier:
+    """A checked `BlockTier`; `lifetime=None` means "lifetime frees exactly when something is chunked"."""
+    for name, value in (("head_chunks", head_chunks), ("ffn_chunks", ffn_chunks), ("query_chunks", query_chunks)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InvalidInputError(f"{name} must be an integer >= 1, got {value!r}")
+    chunked = head_chunks > 1 or ffn_chunks > 1 or query_chunks > 1
+    if lifetime is None:
+        lifetime = chunked
+    if chunked and not lifetime:
+        raise InvalidInputError("chunked tiers always free by lifetime: lifetime=False is the stock block only")
+    return BlockTier(head_chunks, ffn_chunks, query_chunks, bool(lifetime))
+
+
+def first_range_rows(total: int, chunks: int, align: int = 1) -> int:
+    """Rows of the first (largest) range when `total` rows are split as `h3director.dit.ranges.row_ranges`
+    splits them: `ceil(total / chunks)` rounded up to `align`, at most `total`."""
+    if total <= 0:
+        return 0
+    step = -(-total // chunks)
+    step = -(-step // align) * align
+    return min(step, total)
+
+
+def _adaln_table(ledger: ByteLedger, shape: DiTShape, e: int, timesteps: int) -> None:
+    """The block's modulation table: six terms x three modalities x `timesteps` rows of `hidden`."""
+    ledger.alloc("adaln", timesteps * ADALN_MODALITIES * ADALN_TERMS * shape.hidden * e)
+
+
+def _rope(ledger: _DiTLedger, name: str, rows: int, heads: int, shape: DiTShape, e: int) -> None:
+    """diffusers' `_apply_rotary_emb` on `name` (rows x heads x head_dim) -> the rotated tensor, same name.
+
+    cos and sin are cast to the compute dtype inside each call (freed when it returns)."""
+    rot = rows * heads * shape.rotary_dim
+    if e != FP32:
+        ledger.alloc("cos_cast", rows * shape.rotary_dim * e)
+        ledger.alloc("sin_cast", rows * shape.rotary_dim * e)
+    ledger.transient(rot // 2 * e)                      # -x2, then cat -> rotated
+    ledger.alloc("rotated", rot * e)
+    ledger.alloc("x_cos", rot * e)
+    ledger.alloc("r_sin", rot * e)
+    ledger.alloc("rot_sum", rot * e)
+    ledger.free("x_cos", "r_sin", "rotated")
+    ledger.alloc(name + "r", rows * heads * shape.head_dim * e)
+    ledger.free("rot_sum", name)
+    ledger.rename(name + "r", name)
+    if e != FP32:
+        ledger.free("cos_cast", "sin_cast")
+
+
+def _kernel(ledger: ByteLedger, attention: str, heads: int, q_rows: int, kv_rows: int, head_dim: int,
+            e: int) -> None:
+    """One attention call of `heads` heads, `q_rows` query rows over `kv_rows` keys -> "attn" live."""
+    out_bytes = q_rows * heads * head_dim * e
     if attention == "math":
-        replay_math_attention(ledger, heads * seq * seq, part * e, e)
-    else:
-        if attention == "sage":
-            ledger.alloc("q8", part)
-            ledger.alloc("k8", part)
-        ledger.alloc("attn", part * e)
-        ledger.transient(seq * heads * FP32)            # log-sum-exp
-        if attention == "sage":
-            ledger.free("q8", "k8")
-    ledger.free("q", "k", "v")
-    if head_chunks > 1:
-        ledger.free("attn")                             # copied into its slice of attn_all
+        replay_math_attention(ledger, heads * q_rows * kv_rows, out_bytes, e,
+                              k_bytes=kv_rows * heads * head_dim * e)
+        return
+    if attention == "sage":
+        ledger.alloc("q8", q_rows * heads * head_dim)
+        ledger.alloc("k8", kv_rows * heads * head_dim)
+    ledger.alloc("attn", out_bytes)
+    ledger.transient(q_rows * heads * FP32)             # log-sum-exp
+    if attention == "sage":
+        ledger.free("q8", "k8")
+
+
+def _attention(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attention: str, tier: BlockTier,
+               rope: bool) -> None:
+    """diffusers' `MiniMaxH3AttnProcessor` (stock tier), or the adapter's tiered attention, on input "m"
+    -> "attn_out" (seq x hidden) live.
+
+    Tiered: per head group, q, k, v are projected from "m" over the group's weight rows, normalised and
+    rotated; "m" dies right after the last group's projections. Grouped attention (head groups or query
+    chunks) writes each call's output into a seq x inner buffer made after the first call returns. The
+    first, a middle and the last group are replayed (every middle group is alike)."""
+    groups = tier.head_chunks
+    heads = shape.heads // groups
+    part = seq * heads * shape.head_dim * e
+    q_rows = first_range_rows(seq, tier.query_chunks, QUERY_ALIGN)
+    replayed = [(True, groups == 1)] + ([(False, False)] if groups > 2 else []) + ([(False, True)] if groups > 1 else [])
+    for first, last in replayed:
+        for name in ("q", "k", "v"):
+            ledger.alloc(name, part)
+        if last and tier.lifetime:
+            ledger.free("m")
+        for name in ("q", "k"):
+            _rms_norm(ledger, name + "n", part // e, e, e, affine=True)
+            ledger.free(name)
+            ledger.rename(name + "n", name)
+        if rope:
+            for name in ("q", "k"):
+                _rope(ledger, name, seq, heads, shape, e)
+        _kernel(ledger, attention, heads, q_rows, seq, shape.head_dim, e)
+        if tier.grouped:
+            if first:
+                ledger.alloc("attn_all", seq * shape.inner * e)
+            ledger.free("attn")                         # copied into its slice of attn_all
+        ledger.free("q", "k", "v")
+    if tier.grouped:
         ledger.rename("attn_all", "attn")
     ledger.alloc("attn_out", seq * shape.hidden * e)
     ledger.free("attn")
 
 
-def _ffn(ledger: ByteLedger, shape: DiTShape, seq: int, e: int, ffn_chunks: int) -> None:
-    """SwiGLU FeedForward on "m" -> leaves "ff_out" live; `ffn_chunks` rows-chunks into a preallocated output."""
-    rows = -(-seq // ffn_chunks)
-    if ffn_chunks > 1:
-        ledger.alloc("ff_all", seq * shape.hidden * e)
+def _swiglu_ffn(ledger: ByteLedger, shape: DiTShape, rows: int, e: int, free_input: str | None = None) -> None:
+    """diffusers' SwiGLU `FeedForward` over `rows` rows -> "ff_out" live: fc1, SiLU(gate), the product,
+    fc2. `free_input` names the input to drop right after fc1 (the lifetime tiers)."""
     ledger.alloc("fc1", rows * 2 * shape.ffn * e)
+    if free_input:
+        ledger.free(free_input)
     ledger.alloc("silu", rows * shape.ffn * e)
     ledger.alloc("swiglu", rows * shape.ffn * e)
     ledger.free("silu", "fc1")
-    ledger.alloc("ff_part", rows * shape.hidden * e)
+    ledger.alloc("ff_out", rows * shape.hidden * e)
     ledger.free("swiglu")
-    if ffn_chunks > 1:
-        ledger.free("ff_part")
-        ledger.rename("ff_all", "ff_out")
-    else:
-        ledger.rename("ff_part", "ff_out")
 
 
 def _modulate(ledger: ByteLedger, md: int, e: int) -> None:
@@ -239,77 +338,191 @@ def _gated_residual(ledger: ByteLedger, md: int, e: int, branch: str, out: str) 
     ledger.free("gated")
 
 
-def _dit_block(ledger: ByteLedger, shape: DiTShape, seq: int, e: int, attention: str, head_chunks: int,
-               ffn_chunks: int, sections: dict[str, int] | None = None) -> None:
+def _diffusers_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attention: str, tier: BlockTier,
+                     timesteps: int, sections: dict[str, int] | None) -> None:
     """One `MiniMaxH3TransformerBlock` on "x" (held by the caller) -> new "x".
 
-    `sections`, when given, receives the peak of the attention half and of the FFN half."""
+    Stock: diffusers' forward, whose locals (modulated inputs, branch outputs) live until it returns.
+    Tiered (`h3director.integrations.diffusers_dit`): the same ops; the attention output dies after the
+    gated residual, and norm2, modulation, fc1, SwiGLU, fc2 and `gate * ff` run per range of rows (all
+    rows when `ffn_chunks` is 1), the FFN input dying after fc1, the result added in place into the
+    post-attention stream."""
     md = seq * shape.hidden
+    _adaln_table(ledger, shape, e, timesteps)
     _rms_norm(ledger, "n", md, e, e, affine=True)
     _modulate(ledger, md, e)
-    _attention(ledger, shape, seq, e, attention, head_chunks, rope=True)
+    _attention(ledger, shape, seq, e, attention, tier, rope=True)
     if sections is not None:
         sections["attention"] = ledger.peak
         ledger.reset_peak()
     _gated_residual(ledger, md, e, "attn_out", "x1")
-    ledger.rename("m", "m_attn")                        # lives until norm2's result is bound
-    _rms_norm(ledger, "n", md, e, e, affine=True)
-    ledger.free("m_attn")
-    _modulate(ledger, md, e)
-    _ffn(ledger, shape, seq, e, ffn_chunks)
-    _gated_residual(ledger, md, e, "ff_out", "x2")
-    # `attn_output`, `ff_output` and the modulated input are locals: they die when the block returns
-    ledger.free("attn_out", "ff_out", "m", "x1", "x")
-    ledger.rename("x2", "x")
+    if not tier.lifetime:
+        ledger.rename("m", "m_attn")                    # lives until norm2's result is bound
+        _rms_norm(ledger, "n", md, e, e, affine=True)
+        ledger.free("m_attn")
+        _modulate(ledger, md, e)
+        _swiglu_ffn(ledger, shape, seq, e)
+        _gated_residual(ledger, md, e, "ff_out", "x2")
+        # `attn_output`, `ff_output` and the modulated input are locals: they die when the block returns
+        ledger.free("attn_out", "ff_out", "m", "x1", "x")
+        ledger.rename("x2", "x")
+    else:
+        ledger.free("attn_out")
+        rows = first_range_rows(seq, tier.ffn_chunks)
+        mr = rows * shape.hidden
+        _rms_norm(ledger, "n", mr, e, e, affine=True)
+        _modulate(ledger, mr, e)
+        _swiglu_ffn(ledger, shape, rows, e, free_input="m")
+        ledger.alloc("gate", mr * e)
+        ledger.alloc("gated", mr * e)                   # gate * ff, then added into x1's rows in place
+        ledger.free("gate", "ff_out", "gated")
+        ledger.free("x")
+        ledger.rename("x1", "x")
+    ledger.free("adaln")
     if sections is not None:
         sections["ffn"] = ledger.peak
+
+
+def _comfy_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attention: str, tier: BlockTier,
+                 timesteps: int, sections: dict[str, int] | None) -> None:
+    """One ComfyUI `DiTBlock` (comfy/ldm/minimax/model.py) on "x" -> "x", updated in place.
+
+    Stock: the modulation scales and shifts the norm output in place, per segment; q, k and v are views
+    of one fused projection, normalised and rotated in place (a fused kernel: nothing allocated), v is
+    cloned for the attention containers; the attention output reshapes without a copy; both gated
+    residuals are `addcmul_` into x; the MLP's SwiGLU makes one ffn-wide tensor (SiLU of the gate, then
+    multiplied in place). The attention's inputs die when the attention call returns.
+    Tiered (the adapter): "h" dies after the last projection that reads it; no `v.clone()` (the
+    backends priced here do not consume containers); head groups project q, k, v per group; FFN row
+    chunks run norm2 .. fc2 per range of rows and `addcmul_` into x's rows."""
+    md = seq * shape.hidden
+    _adaln_table(ledger, shape, e, timesteps)
+    _rms_norm(ledger, "h", md, e, e, affine=True)       # then scaled and shifted in place
+    heads = shape.heads // tier.head_chunks
+    part = seq * heads * shape.head_dim * e
+    if tier.grouped:
+        ledger.alloc("attn_all", seq * shape.inner * e)
+    ledger.alloc("qkv", 3 * part)
+    if tier.lifetime and tier.head_chunks == 1:
+        ledger.free("h")
+    if not tier.lifetime:
+        ledger.alloc("v_clone", part)
+    q_rows = first_range_rows(seq, tier.query_chunks, QUERY_ALIGN)
+    _kernel(ledger, attention, heads, q_rows, seq, shape.head_dim, e)
+    if tier.grouped:
+        ledger.free("attn")
+    if not tier.lifetime:
+        ledger.free("v_clone")
+    ledger.free("qkv")
+    if tier.lifetime and tier.head_chunks > 1:
+        ledger.free("h")
+    if tier.grouped:
+        ledger.rename("attn_all", "attn")
+    ledger.alloc("attn_out", md * e)
+    ledger.free("attn")
+    if sections is not None:
+        sections["attention"] = ledger.peak
+        ledger.reset_peak()
+    ledger.free("attn_out")                             # after addcmul_ into x
+    rows = first_range_rows(seq, tier.ffn_chunks) if tier.lifetime else seq
+    _rms_norm(ledger, "h2", rows * shape.hidden, e, e, affine=True)
+    if not tier.lifetime:
+        ledger.free("h")                                # the stock block rebinds h to norm2's result
+    ledger.alloc("fc1", rows * 2 * shape.ffn * e)
+    if tier.lifetime:
+        ledger.free("h2")
+    ledger.alloc("swiglu", rows * shape.ffn * e)
+    ledger.alloc("ff_out", rows * shape.hidden * e)
+    ledger.free("swiglu", "fc1", "ff_out")              # ff_out after addcmul_ into x
+    ledger.free("adaln")
+    if not tier.lifetime:
+        ledger.free("h2")
+    if sections is not None:
+        sections["ffn"] = ledger.peak
+
+
+def _dit_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attention: str, head_chunks: int,
+               ffn_chunks: int, sections: dict[str, int] | None = None, *, query_chunks: int = 1,
+               lifetime: bool | None = None, framework: str = "diffusers", timesteps: int = 2) -> None:
+    """One block on "x" (held by the caller) -> new "x", for `framework` at the given tier.
+
+    `sections`, when given, receives the peak of the attention half and of the FFN half."""
+    tier = block_tier(head_chunks, ffn_chunks, query_chunks, lifetime)
+    replay = _comfy_block if framework == "comfy" else _diffusers_block
+    replay(ledger, shape, seq, e, attention, tier, timesteps, sections)
 
 
 def _refiner_block(ledger: ByteLedger, shape: DiTShape, seq: int, e: int, attention: str) -> None:
     """One `MiniMaxH3TokenRefinerBlock` on "t" -> new "t" (no modulation, no rotary)."""
     md = seq * shape.hidden
     _rms_norm(ledger, "m", md, e, e, affine=True)
-    _attention(ledger, shape, seq, e, attention, 1, rope=False)
+    _attention(ledger, shape, seq, e, attention, BlockTier(), rope=False)
     ledger.free("m")
     ledger.alloc("t1", md * e)
     ledger.free("attn_out")
     _rms_norm(ledger, "m", md, e, e, affine=True)
-    _ffn(ledger, shape, seq, e, 1)
+    _swiglu_ffn(ledger, shape, seq, e)
     ledger.free("m")
     ledger.alloc("t2", md * e)
     ledger.free("ff_out", "t1", "t")
     ledger.rename("t2", "t")
 
 
-def check_backend(attention: str, head_chunks: int, ffn_chunks: int, shape: DiTShape) -> None:
+def check_backend(attention: str, head_chunks: int, ffn_chunks: int, shape: DiTShape,
+                  framework: str = "diffusers") -> None:
     if attention not in ATTENTION_BACKENDS:
         raise InvalidInputError(f"attention must be one of {ATTENTION_BACKENDS}, got {attention!r}")
+    if framework not in FRAMEWORKS:
+        raise InvalidInputError(f"framework must be one of {FRAMEWORKS}, got {framework!r}")
     if head_chunks < 1 or shape.heads % head_chunks:
         raise InvalidInputError(f"head_chunks must divide the {shape.heads} heads, got {head_chunks}")
     if ffn_chunks < 1:
         raise InvalidInputError(f"ffn_chunks must be >= 1, got {ffn_chunks}")
 
 
-def dit_block_peak_bytes(shape: DiTShape, seq: int, dtype: object = "bf16", *, attention: str = "flash",
-                         head_chunks: int = 1, ffn_chunks: int = 1, fused_norms: bool = False) -> int:
-    """Peak bytes of one block over a `seq`-row sequence, its input residual included."""
-    check_backend(attention, head_chunks, ffn_chunks, shape)
+def _block_ledger(shape: DiTShape, rows: int, dtype: object, attention: str, framework: str, plan: object | None,
+                  head_chunks: int, ffn_chunks: int, query_chunks: int, lifetime: bool | None,
+                  fused_norms: bool, timesteps: int, sections: dict[str, int] | None) -> int:
+    if plan is not None:
+        tier = BlockTier.of(plan)
+        head_chunks, ffn_chunks, query_chunks, lifetime = (tier.head_chunks, tier.ffn_chunks, tier.query_chunks,
+                                                           tier.lifetime)
+    check_backend(attention, head_chunks, ffn_chunks, shape, framework)
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
+        raise InvalidInputError(f"rows must be an integer >= 1, got {rows!r}")
+    if timesteps < 1:
+        raise InvalidInputError(f"timesteps must be >= 1, got {timesteps}")
     e = dtype_bytes(dtype)
     ledger = _DiTLedger(fused_norms=fused_norms)
-    ledger.alloc("x", seq * shape.hidden * e)
-    _dit_block(ledger, shape, seq, e, attention, head_chunks, ffn_chunks)
+    ledger.alloc("x", rows * shape.hidden * e)
+    _dit_block(ledger, shape, rows, e, attention, head_chunks, ffn_chunks, sections, query_chunks=query_chunks,
+               lifetime=lifetime, framework=framework, timesteps=timesteps)
     return ledger.peak
 
 
-def dit_block_section_peaks(shape: DiTShape, seq: int, dtype: object = "bf16", *, attention: str = "flash",
-                            head_chunks: int = 1, ffn_chunks: int = 1, fused_norms: bool = False) -> dict[str, int]:
+def dit_block_peak_bytes(shape: DiTShape, rows: int, dtype: object = "bf16", *, framework: str = "diffusers",
+                         plan: object | None = None, head_chunks: int = 1, ffn_chunks: int = 1,
+                         query_chunks: int = 1, lifetime: bool | None = None, attention: str = "flash",
+                         fused_norms: bool = False, timesteps: int = 2) -> int:
+    """Peak bytes of one DiT block over a `rows`-row packed sequence, its input residual included.
+
+    `framework`: "diffusers" (`MiniMaxH3TransformerBlock`) or "comfy" (ComfyUI's `DiTBlock`). The tier is
+    `plan` (any object with `head_chunks`, `ffn_chunks`, `query_chunks`, `lifetime`: a `DiTMemoryPlan`)
+    or the four keywords; `lifetime=None` = the stock block when nothing is chunked. `timesteps`: the
+    distinct noise levels in the sequence (rows of the modulation table). Weights are not counted.
+    """
+    return _block_ledger(shape, rows, dtype, attention, framework, plan, head_chunks, ffn_chunks, query_chunks,
+                         lifetime, fused_norms, timesteps, None)
+
+
+def dit_block_section_peaks(shape: DiTShape, rows: int, dtype: object = "bf16", *, framework: str = "diffusers",
+                            plan: object | None = None, head_chunks: int = 1, ffn_chunks: int = 1,
+                            query_chunks: int = 1, lifetime: bool | None = None, attention: str = "flash",
+                            fused_norms: bool = False, timesteps: int = 2) -> dict[str, int]:
     """Peak bytes of one block's attention half and FFN half ({"attention": ..., "ffn": ...}), input included."""
-    check_backend(attention, head_chunks, ffn_chunks, shape)
-    e = dtype_bytes(dtype)
-    ledger = _DiTLedger(fused_norms=fused_norms)
-    ledger.alloc("x", seq * shape.hidden * e)
     sections: dict[str, int] = {}
-    _dit_block(ledger, shape, seq, e, attention, head_chunks, ffn_chunks, sections)
+    _block_ledger(shape, rows, dtype, attention, framework, plan, head_chunks, ffn_chunks, query_chunks,
+                  lifetime, fused_norms, timesteps, sections)
     return sections
 
 

@@ -1,0 +1,113 @@
+"""The planner's per-block ledgers against measured peaks of the real blocks, per framework and tier.
+
+Measured: `LiveBytesTracker` over one real block on the CPU at small widths (tests/dit_tier_cases.py):
+diffusers' `MiniMaxH3TransformerBlock` stock and through `apply_memory_plan`, ComfyUI's `DiTBlock`
+stock (and through the ComfyUI adapter). Predicted: `dit_block_peak_bytes`, nothing fitted. Target:
+within 10% (the issue's bar); the replays are allocation-by-allocation, so most cases are exact.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dit_tier_cases import (
+    comfy_root,
+    dit_shape_comfy,
+    dit_shape_diffusers,
+    measure_comfy_block,
+    measure_diffusers_block,
+)
+
+from h3director.dit.ranges import row_ranges
+from h3director.dit.tiers import QUERY_ALIGN as DIT_QUERY_ALIGN
+from h3director.dit.tiers import DiTMemoryPlan, escalation_ladder
+from h3director.errors import InvalidInputError
+from h3director.plan.activations import (
+    QUERY_ALIGN,
+    DiTShape,
+    dit_block_peak_bytes,
+    first_range_rows,
+)
+
+TARGET = 0.10
+ROWS = 300          # > 2 x 128: query chunks split it
+
+DIFFUSERS_TIERS = {
+    "stock": None,
+    "lifetime": dict(),
+    "ffn 4": dict(ffn_chunks=4),
+    "heads 2, ffn 8": dict(head_chunks=2, ffn_chunks=8),
+    "heads 4, ffn 8": dict(head_chunks=4, ffn_chunks=8),
+    "query 2": dict(query_chunks=2),
+    "heads 2, query 3, ffn 3": dict(head_chunks=2, query_chunks=3, ffn_chunks=3),
+}
+
+
+def _predict(shape: DiTShape, framework: str, dtype: torch.dtype, tier: dict | None) -> int:
+    plan = DiTMemoryPlan(lifetime=False) if tier is None else DiTMemoryPlan(**tier)
+    return dit_block_peak_bytes(shape, ROWS, dtype, framework=framework, plan=plan)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("tier", list(DIFFUSERS_TIERS), ids=list(DIFFUSERS_TIERS))
+def test_diffusers_block_ledger_matches_measured_peak(tier, dtype):
+    measured = measure_diffusers_block(ROWS, dtype, DIFFUSERS_TIERS[tier])
+    predicted = _predict(dit_shape_diffusers(), "diffusers", dtype, DIFFUSERS_TIERS[tier])
+    error = predicted / measured - 1
+    assert abs(error) <= TARGET, f"diffusers {tier}: predicted {predicted:,} B, measured {measured:,} B ({error:+.1%})"
+
+
+needs_comfy = pytest.mark.skipif(comfy_root() is None, reason="no ComfyUI source tree (set COMFYUI_DIR)")
+
+
+@needs_comfy
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_comfy_stock_block_ledger_matches_measured_peak(dtype):
+    measured = measure_comfy_block(ROWS, dtype)
+    predicted = _predict(dit_shape_comfy(), "comfy", dtype, None)
+    error = predicted / measured - 1
+    assert abs(error) <= TARGET, f"comfy stock: predicted {predicted:,} B, measured {measured:,} B ({error:+.1%})"
+
+
+def test_tiers_save_what_the_real_width_promises():
+    """At H3's width the ledgers predict the issue's targets' direction: lifetime < stock, chunked far below."""
+    shape = DiTShape()
+    for framework in ("diffusers", "comfy"):
+        stock = dit_block_peak_bytes(shape, 16_384, "bf16", framework=framework)
+        lifetime = dit_block_peak_bytes(shape, 16_384, "bf16", framework=framework, lifetime=True)
+        chunked = dit_block_peak_bytes(shape, 16_384, "bf16", framework=framework, head_chunks=4, ffn_chunks=8)
+        assert chunked < lifetime < stock, (framework, stock, lifetime, chunked)
+        heads_only = dit_block_peak_bytes(shape, 16_384, "bf16", framework=framework, head_chunks=4, ffn_chunks=1,
+                                          lifetime=True)
+        assert heads_only <= lifetime
+
+
+def test_first_range_rows_follows_the_dit_split():
+    assert QUERY_ALIGN == DIT_QUERY_ALIGN
+    for total in (1, 5, 127, 128, 129, 300, 1000, 4097):
+        for chunks in (1, 2, 3, 4, 7, 8, 64):
+            for align in (1, QUERY_ALIGN):
+                ranges = row_ranges(total, chunks, align)
+                assert first_range_rows(total, chunks, align) == max(b - a for a, b in ranges)
+
+
+def test_every_ladder_tier_is_priced_and_the_ladder_ends_below_its_start():
+    shape = DiTShape()
+    rows = 20_000
+    ladder = escalation_ladder(shape.heads, rows)
+    for framework in ("diffusers", "comfy"):
+        peaks = [dit_block_peak_bytes(shape, rows, "bf16", framework=framework, plan=plan) for plan in ladder]
+        assert min(peaks) < peaks[0]
+        assert peaks[-1] == min(peaks)
+
+
+def test_bad_block_ledger_input_is_refused():
+    shape = DiTShape()
+    with pytest.raises(InvalidInputError, match="framework"):
+        dit_block_peak_bytes(shape, 100, framework="jax")
+    with pytest.raises(InvalidInputError, match="divide"):
+        dit_block_peak_bytes(shape, 100, head_chunks=5)
+    with pytest.raises(InvalidInputError, match="lifetime"):
+        dit_block_peak_bytes(shape, 100, ffn_chunks=2, lifetime=False)
+    with pytest.raises(InvalidInputError, match="rows"):
+        dit_block_peak_bytes(shape, 0)
