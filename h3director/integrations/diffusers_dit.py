@@ -1,0 +1,478 @@
+"""Exact activation tiers for diffusers' MiniMax-H3 DiT (`MiniMaxH3Transformer3DModel`).
+
+`apply_memory_plan(transformer, head_chunks=..., ffn_chunks=..., query_chunks=..., mode=...)` installs, on
+every `transformer.transformer_blocks[i]`, an attention processor (`H3DirectorAttnProcessor`, replacing
+`MiniMaxH3AttnProcessor` on `block.attn`) and a block forward (a diffusers `ModelHook` registered on the
+block), and returns a `DiTMemoryHandle` whose `remove()` puts the stock processors and forwards back.
+The token refiner's blocks (text rows only) stay stock.
+
+What a tier changes (see `h3director.dit.tiers` for the exactness classes):
+
+- every tier (lifetime frees, exact by construction): the same modules are called in the stock order
+  on the same tensors; the modulated block input dies right after the q/k/v projections, the attention
+  output after the gated residual, the modulated FFN input after fc1 (`ff.net[0].proj`), and the FFN's
+  gated residual is added into the post-attention stream (a tensor this block made) instead of a new
+  tensor. Elementwise ops run in the stock order (`gate * ff`, then the add), so the values match;
+- `head_chunks` > 1: per head group, q/k/v are `F.linear` over that group's rows of the projection
+  weight (`to_q`/`to_k`/`to_v`, or the q/k/v thirds of a fused `to_qkv`), then `norm_q`/`norm_k` and
+  the rotary embedding on the group, then diffusers' `dispatch_attention_fn` with the processor's
+  backend, written into one preallocated `[batch, rows, heads * head_dim]` output; `to_out` runs once
+  on the whole output. A projection layer that is not a plain hook-free `nn.Linear` (PEFT LoRA layers,
+  layerwise casting, leaf-level offload) is called whole instead, once per block, and its output is
+  sliced per group: same arithmetic as stock, no saving on that projection;
+- `query_chunks` > 1: inside each group, attention runs per block of query rows starting on multiples
+  of `QUERY_ALIGN` (128) rows, over all keys;
+- `ffn_chunks` > 1: norm2, modulation, fc1, SwiGLU, fc2 and the gated residual run per range of packed
+  rows, in that order, written back into the stream.
+
+Both adapters iterate through `h3director.dit.blocks` (`grouped_attention`, `chunked_rows`), so this
+file decides only the arithmetic, not the order. The tiers run under `torch.no_grad()` /
+`torch.inference_mode()` (how diffusers pipelines call the transformer); while autograd is recording,
+the blocks run the stock forward and `last_report["tier"]` says so.
+
+Modes: `"fixed"` runs the given tier. `"auto"` and `"exact only"` call `capacity.choose(...)` (the
+`h3director.dit.capacity.CapacityCheck` interface) at the start of every transformer forward, from a
+forward pre-hook, with `rows` = the packed sequence length (`position_ids.shape[0]`) and the given
+chunk counts as the floor; `"exact only"` passes the kernel properties
+`h3director.dit.kernels.verified_properties(device, dtype)` reports (none when that module or its
+cache is absent, which leaves only tiers exact by construction).
+
+Composing with group offload: apply the plan first, then
+`transformer.enable_group_offload(onload_device, offload_type="block_level", num_blocks_per_group=1,
+use_stream=True)` (streams need a CUDA-like onload device; `use_stream=False` works on the CPU). The
+offload hook registers after this module's block hook, so it wraps it: the block's weights are on the
+onload device before the chunked forward reads them, and `handle.remove()` relinks the offload hook to
+the stock forward. Applying the plan to blocks that already carry hooks is refused (the plan's forward
+would run beneath none of them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from diffusers.hooks import HookRegistry, ModelHook
+from diffusers.models.activations import SwiGLU
+from diffusers.models.attention_dispatch import dispatch_attention_fn
+from diffusers.models.modeling_utils import get_parameter_dtype
+from diffusers.models.transformers.transformer_minimax_h3 import (
+    MiniMaxH3AttnProcessor,
+    MiniMaxH3Transformer3DModel,
+    MiniMaxH3TransformerBlock,
+    _apply_rotary_emb,
+)
+
+from h3director.dit.blocks import chunked_rows, grouped_attention
+from h3director.dit.tiers import LIFETIME_ONLY, STOCK, DiTMemoryPlan
+from h3director.errors import InvalidInputError
+
+MODES = ("fixed", "auto", "exact only")
+HOOK_NAME = "h3director_dit_memory"
+_MARK = "_h3director_dit_memory"
+_POSITION_IDS_ARG = 6  # index of `position_ids` in MiniMaxH3Transformer3DModel.forward's positional arguments
+
+
+class _Rows:
+    """A one-shot holder for the modulated block input, so the processor can drop the only reference
+    once q, k and v are projected (a tensor passed as a plain argument stays alive in the caller)."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def take(self) -> torch.Tensor:
+        tensor, self.tensor = self.tensor, None
+        if tensor is None:
+            raise RuntimeError("the block input was already consumed")
+        return tensor
+
+
+def _plain_linear(layer: nn.Module) -> bool:
+    """True when `F.linear` over slices of `layer.weight` is the layer's own arithmetic (no LoRA
+    wrapper, no hooks that cast or move the weight first)."""
+    return (type(layer) is nn.Linear and not layer._forward_pre_hooks and not layer._forward_hooks
+            and getattr(layer, "_diffusers_hook", None) is None)
+
+
+def _has_hooks(module: nn.Module) -> bool:
+    return bool(module._forward_pre_hooks or module._forward_hooks or "forward" in module.__dict__
+                or getattr(module, "_diffusers_hook", None) is not None)
+
+
+class H3DirectorAttnProcessor:
+    """Drop-in for `MiniMaxH3AttnProcessor` that runs the handle's current tier.
+
+    Called as any diffusers processor: `(attn, hidden_states, rotary_emb, attention_mask)` with
+    `hidden_states` `[batch, rows, hidden]`; it also accepts the block's one-shot holder (`_Rows`), which
+    lets the block input die after the projections. Returns `[batch, rows, hidden]`, like the stock one.
+    `_attention_backend` / `_parallel_config` are read like the stock processor's, so
+    `transformer.set_attention_backend(...)` applies to it."""
+
+    def __init__(self, handle: DiTMemoryHandle, stock: MiniMaxH3AttnProcessor) -> None:
+        self._handle = handle
+        self._attention_backend = getattr(stock, "_attention_backend", None)
+        self._parallel_config = getattr(stock, "_parallel_config", None)
+
+    def __call__(self, attn: nn.Module, hidden_states: torch.Tensor | _Rows,
+                 rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        plan = self._handle._attention_plan()
+        source = [hidden_states.take() if isinstance(hidden_states, _Rows) else hidden_states]
+        del hidden_states
+        batch, rows = source[0].shape[0], source[0].shape[1]
+        heads, head_dim = attn.heads, attn.head_dim
+        if (plan.head_chunks > 1 or plan.query_chunks > 1) and attention_mask is not None:
+            raise InvalidInputError("head groups and query chunks run unmasked attention (MiniMax-H3 passes no mask); "
+                                    "got an attention_mask")
+        if (plan.head_chunks > 1 or plan.query_chunks > 1) and self._parallel_config is not None:
+            raise InvalidInputError("head groups and query chunks do not run under context parallelism; "
+                                    "use head_chunks=1, query_chunks=1")
+        project = self._projector(attn, plan, source, rotary_emb)
+        output: list[torch.Tensor | None] = [None]
+
+        def attend_into(qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor], h0: int, h1: int, a: int, b: int) -> None:
+            query, key, value = qkv
+            whole = (h0, h1) == (0, heads) and (a, b) == (0, rows)
+            result = dispatch_attention_fn(query if (a, b) == (0, rows) else query[:, a:b], key, value,
+                                           attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+                                           backend=self._attention_backend, parallel_config=self._parallel_config)
+            if whole:  # the stock expression: no preallocated buffer, no copy
+                output[0] = result.flatten(2, 3).type_as(query)
+                return
+            if output[0] is None:
+                output[0] = torch.empty(batch, rows, heads * head_dim, dtype=query.dtype, device=query.device)
+            output[0].view(batch, rows, heads, head_dim)[:, a:b, h0:h1].copy_(result)
+
+        grouped_attention(plan, heads, rows, project, attend_into)
+        del project
+        hidden = attn.to_out[0](output.pop())
+        return attn.to_out[1](hidden)
+
+    @staticmethod
+    def _projector(attn: nn.Module, plan: DiTMemoryPlan, source: list,
+                   rotary_emb: tuple[torch.Tensor, torch.Tensor] | None) -> Callable[[int, int], tuple]:
+        """`project(h0, h1)` for `grouped_attention`: q, k, v of heads `h0:h1`, normalised and rotated,
+        `[batch, rows, h1 - h0, head_dim]` each. Drops `source[0]` (the block input) after the last
+        group's projection."""
+        heads, head_dim, inner = attn.heads, attn.head_dim, attn.heads * attn.head_dim
+        fused = bool(getattr(attn, "fused_projections", False))
+        layers = (attn.to_qkv,) if fused else (attn.to_q, attn.to_k, attn.to_v)
+        sliced = plan.head_chunks > 1 and all(_plain_linear(layer) for layer in layers)
+        whole: list = [None]  # stock projections, kept while groups are sliced from them
+
+        def stock_projections() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            x = source[0]
+            if fused:
+                return attn.to_qkv(x).chunk(3, dim=-1)
+            return attn.to_q(x), attn.to_k(x), attn.to_v(x)
+
+        def group_projections(h0: int, h1: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            lo, hi = h0 * head_dim, h1 * head_dim
+            x = source[0]
+            if sliced:
+                if fused:
+                    weight, bias = attn.to_qkv.weight, attn.to_qkv.bias
+                    spans = [(lo + i * inner, hi + i * inner) for i in range(3)]
+                    return tuple(F.linear(x, weight[s:e], None if bias is None else bias[s:e]) for s, e in spans)
+                return tuple(F.linear(x, layer.weight[lo:hi], None if layer.bias is None else layer.bias[lo:hi])
+                             for layer in layers)
+            if whole[0] is None:
+                whole[0] = stock_projections()
+            return tuple(t[..., lo:hi] for t in whole[0])
+
+        def project(h0: int, h1: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            if (h0, h1) == (0, heads):
+                query, key, value = stock_projections()
+            else:
+                query, key, value = group_projections(h0, h1)
+            if h1 == heads:  # every group is projected: the block input and any whole projections die here
+                source[0] = None
+                whole[0] = None
+            group = h1 - h0
+            query = attn.norm_q(query.unflatten(-1, (group, -1)))
+            key = attn.norm_k(key.unflatten(-1, (group, -1)))
+            value = value.unflatten(-1, (group, -1))
+            if rotary_emb is not None:
+                query = _apply_rotary_emb(query, *rotary_emb)
+                key = _apply_rotary_emb(key, *rotary_emb)
+            return query, key, value
+
+        return project
+
+
+def _feed_forward_rows(ff: nn.Module, hidden: list) -> torch.Tensor:
+    """`ff(hidden[0])` with the stock op order (`net[0].proj`, chunk, `x * silu(gate)`, `net[1]`,
+    `net[2]`), dropping the input after fc1. `hidden` is a one-element list emptied here."""
+    x = hidden.pop()
+    if _has_hooks(ff) or _has_hooks(ff.net[0]):
+        return ff(x)  # hooks on the container modules: call them as stock (no lifetime saving here)
+    swiglu = ff.net[0]
+    projected = swiglu.proj(x)
+    del x
+    value, gate = projected.chunk(2, dim=-1)
+    del projected
+    out = value * swiglu.activation(gate)
+    del value, gate
+    for module in ff.net[1:]:
+        out = module(out)
+    return out
+
+
+def _block_forward(block: MiniMaxH3TransformerBlock, plan: DiTMemoryPlan, hidden_states: torch.Tensor,
+                   temb: torch.Tensor, adaln_indices: torch.Tensor, rotary_emb: tuple[torch.Tensor, torch.Tensor],
+                   attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The block's forward under `plan` (not stock): `[batch, rows, hidden]` in, a new tensor out."""
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = block.adaln_proj(temb)
+    modulated = block.norm1(hidden_states)
+    modulated = modulated * (1.0 + scale_msa.index_select(0, adaln_indices)) + shift_msa.index_select(0, adaln_indices)
+    ours = isinstance(block.attn.processor, H3DirectorAttnProcessor) and not _has_hooks(block.attn)
+    attn_input = _Rows(modulated) if ours else modulated
+    del modulated
+    attn_output = block.attn(attn_input, rotary_emb, attention_mask)
+    del attn_input
+    stream = hidden_states + gate_msa.index_select(0, adaln_indices) * attn_output
+    del attn_output
+    rows = stream.shape[1]
+
+    def ffn_rows(a: int, b: int) -> None:
+        whole = (a, b) == (0, rows)
+        part = stream if whole else stream[:, a:b]
+        index = adaln_indices if whole else adaln_indices[a:b]
+        normed = block.norm2(part)
+        normed = normed * (1.0 + scale_mlp.index_select(0, index)) + shift_mlp.index_select(0, index)
+        carrier = [normed]
+        del normed
+        ff_output = _feed_forward_rows(block.ff, carrier)
+        ff_output = gate_mlp.index_select(0, index) * ff_output
+        part.add_(ff_output)
+
+    chunked_rows(rows, plan.ffn_chunks, ffn_rows)
+    return stream
+
+
+class _BlockHook(ModelHook):
+    """The block forward as a diffusers hook, so hooks registered later (group offload) wrap it and
+    `HookRegistry.remove_hook` relinks them on removal."""
+
+    def __init__(self, handle: DiTMemoryHandle) -> None:
+        super().__init__()
+        self._handle = handle
+
+    def new_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
+        plan = self._handle._block_plan()
+        if plan.is_stock:
+            return self.fn_ref.original_forward(*args, **kwargs)
+        return _block_forward(module, plan, *args, **kwargs)
+
+
+@dataclass
+class _Installed:
+    block: nn.Module
+    stock_processor: MiniMaxH3AttnProcessor
+    processor: H3DirectorAttnProcessor
+    made_registry: bool
+
+
+class DiTMemoryHandle:
+    """What `apply_memory_plan` installed on one transformer.
+
+    - `plan`: the tier the next (or current) forward runs: the given one in `"fixed"` mode, the
+      capacity check's choice in `"auto"` / `"exact only"` (the given chunk counts are its floor);
+    - `last_report`: a dict about the last forward: `tier` (human form), `plan` (`DiTMemoryPlan.as_dict()`),
+      `exactness`, `verified` (True when every kernel property the tier relies on is verified on this
+      device, or it relies on none), `rows` (packed sequence length), `mode`; when a capacity check ran,
+      also `need_bytes`, `have_bytes` (bytes) and `escalated`. `None` before the first forward;
+    - `remove()`: restores the stock processors and block forwards (calling it twice does nothing).
+    """
+
+    def __init__(self, transformer: MiniMaxH3Transformer3DModel, floor: DiTMemoryPlan, mode: str,
+                 capacity: Any | None) -> None:
+        self.transformer = transformer
+        self.floor = floor
+        self.mode = mode
+        self.capacity = capacity
+        self.plan = floor
+        self.last_report: dict | None = None
+        self._installed: list[_Installed] = []
+        self._pre_hook = None
+        self._verified_cache: dict[tuple[str, str], set[str]] = {}
+        self.removed = False
+
+    # -- per-forward choice -------------------------------------------------------------------------
+    def _block_plan(self) -> DiTMemoryPlan:
+        return STOCK if torch.is_grad_enabled() else self.plan
+
+    def _attention_plan(self) -> DiTMemoryPlan:
+        # one group, one query block: the stock processor's arithmetic
+        return LIFETIME_ONLY if torch.is_grad_enabled() else self.plan
+
+    def _verified(self, device: torch.device, dtype: torch.dtype) -> set[str]:
+        key = (str(device), str(dtype))
+        if key not in self._verified_cache:
+            self._verified_cache[key] = verified_kernel_properties(device, dtype, self.transformer.config)
+        return self._verified_cache[key]
+
+    def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        position_ids = kwargs.get("position_ids")
+        if position_ids is None and len(args) > _POSITION_IDS_ARG:
+            position_ids = args[_POSITION_IDS_ARG]
+        rows = int(position_ids.shape[0]) if isinstance(position_ids, torch.Tensor) else None
+        sample = kwargs.get("hidden_states", args[0] if args else None)
+        device = sample.device if isinstance(sample, torch.Tensor) else torch.device("cpu")
+        dtype = get_parameter_dtype(module.context_embedder)
+        heads = module.config.num_attention_heads
+        verified = self._verified(device, dtype)
+        report: dict[str, Any] = {"rows": rows, "mode": self.mode}
+        if self.capacity is None:
+            plan = self.floor
+            plan.check_fits(heads, rows)
+            report["verified"] = set(plan.relies_on) <= verified
+        else:
+            if rows is None:
+                raise InvalidInputError("the capacity check needs the packed sequence length: pass position_ids")
+            decision = self.capacity.choose(rows=rows, dtype=dtype, floor=self.floor, mode=self.mode,
+                                            verified=verified)
+            plan = decision.plan
+            plan.check_fits(heads, rows)
+            report.update(verified=bool(decision.verified_exact), need_bytes=int(decision.need_bytes),
+                          have_bytes=int(decision.have_bytes), escalated=bool(decision.escalated))
+        report.update(tier=plan.describe(), plan=plan.as_dict(), exactness=plan.exactness.value)
+        if torch.is_grad_enabled():
+            report["tier"] = "stock block (autograd is recording)"
+        self.plan = plan
+        self.last_report = report
+
+    # -- install / remove ----------------------------------------------------------------------------
+    def _install(self) -> None:
+        blocks = list(self.transformer.transformer_blocks)
+        try:
+            for block in blocks:
+                stock = block.attn.processor
+                processor = H3DirectorAttnProcessor(self, stock)
+                made_registry = getattr(block, "_diffusers_hook", None) is None
+                registry = HookRegistry.check_if_exists_or_initialize(block)
+                registry.register_hook(_BlockHook(self), HOOK_NAME)
+                self._installed.append(_Installed(block, stock, processor, made_registry))
+                block.attn.set_processor(processor)
+            self._pre_hook = self.transformer.register_forward_pre_hook(self._before_forward, with_kwargs=True)
+            setattr(self.transformer, _MARK, self)
+        except BaseException:
+            self.remove()
+            raise
+
+    def remove(self) -> None:
+        """Put the stock processors and block forwards back; the transformer is then the stock model
+        (its processors are the same objects as before `apply_memory_plan`)."""
+        if self.removed:
+            return
+        if self._pre_hook is not None:
+            self._pre_hook.remove()
+            self._pre_hook = None
+        for item in reversed(self._installed):
+            block = item.block
+            if block.attn.processor is item.processor:
+                # keep a backend chosen with set_attention_backend while the plan was installed
+                item.stock_processor._attention_backend = item.processor._attention_backend
+                item.stock_processor._parallel_config = item.processor._parallel_config
+                block.attn.set_processor(item.stock_processor)
+            registry = getattr(block, "_diffusers_hook", None)
+            if registry is not None and HOOK_NAME in registry.hooks:
+                registry.remove_hook(HOOK_NAME, recurse=False)
+                if item.made_registry and not registry.hooks:
+                    del block._diffusers_hook
+                    block.__dict__.pop("forward", None)  # the registry left the bound stock forward behind
+        self._installed.clear()
+        if getattr(self.transformer, _MARK, None) is self:
+            delattr(self.transformer, _MARK)
+        self.removed = True
+
+
+def verified_kernel_properties(device: torch.device, dtype: torch.dtype,
+                               config: Any | None = None) -> set[str]:
+    """Kernel properties (`h3director.dit.tiers` names) that `verify-kernels` verified on `device` for
+    `dtype`, at the widths of `config` (a `MiniMaxH3Transformer3DModel.config`; H3's real widths when None),
+    from `h3director.dit.kernels`' cache; the empty set when that module is not installed (then only tiers
+    exact by construction count as verified)."""
+    try:
+        from h3director.dit import kernels
+    except ImportError as error:
+        if getattr(error, "name", None) in ("h3director.dit.kernels", None):
+            return set()
+        raise
+    widths = None
+    if config is not None:
+        widths = kernels.KernelWidths(hidden=config.hidden_size, heads=config.num_attention_heads,
+                                      head_dim=config.attention_head_dim, ffn=config.ffn_dim)
+    return set(kernels.verified_properties(device, dtype, widths=widths))
+
+
+def _check_model(transformer: Any, plan: DiTMemoryPlan) -> None:
+    if not isinstance(transformer, MiniMaxH3Transformer3DModel):
+        raise InvalidInputError(f"apply_memory_plan needs a diffusers MiniMaxH3Transformer3DModel, got "
+                                f"{type(transformer).__module__}.{type(transformer).__name__}")
+    if getattr(transformer, _MARK, None) is not None:
+        raise InvalidInputError("a DiT memory plan is already applied to this transformer; call remove() on its "
+                                "handle before applying another")
+    plan.check_fits(transformer.config.num_attention_heads)
+    for index, block in enumerate(transformer.transformer_blocks):
+        where = f"transformer_blocks[{index}]"
+        if not isinstance(block, MiniMaxH3TransformerBlock):
+            raise InvalidInputError(f"{where} is a {type(block).__name__}, not a MiniMaxH3TransformerBlock")
+        processor = block.attn.processor
+        if type(processor) is not MiniMaxH3AttnProcessor:
+            raise InvalidInputError(f"{where}.attn has a {type(processor).__name__} processor; apply_memory_plan "
+                                    "replaces only the stock MiniMaxH3AttnProcessor (another patch is installed)")
+        if _has_hooks(block):
+            raise InvalidInputError(
+                f"{where} already carries hooks or a replaced forward (group offload, caching, context parallel or "
+                "another patch); apply_memory_plan first, then enable_group_offload")
+        if block.attn.heads % plan.head_chunks:
+            raise InvalidInputError(f"head_chunks={plan.head_chunks} does not divide {where}.attn's {block.attn.heads} "
+                                    "heads")
+        net = getattr(block.ff, "net", None)
+        if net is None or len(net) != 3 or not isinstance(net[0], SwiGLU) or not isinstance(net[2], nn.Linear):
+            raise InvalidInputError(f"{where}.ff is not the SwiGLU FeedForward (proj, dropout, linear) this adapter "
+                                    "chunks")
+        if (plan.head_chunks > 1 or plan.query_chunks > 1) and getattr(processor, "_parallel_config", None):
+            raise InvalidInputError("head groups and query chunks do not run under context parallelism; "
+                                    "use head_chunks=1, query_chunks=1")
+
+
+def apply_memory_plan(transformer: MiniMaxH3Transformer3DModel, head_chunks: int = 1, ffn_chunks: int = 1,
+                      query_chunks: int = 1, mode: str = "fixed", budget_bytes: int | None = None,
+                      capacity: Any | None = None) -> DiTMemoryHandle:
+    """Install an activation tier on every block of `transformer`; returns the handle to remove it.
+
+    `head_chunks` (a divisor of the model's heads), `ffn_chunks` (packed-row ranges of the FFN) and
+    `query_chunks` (128-row-aligned query blocks per head group) are counts >= 1; all ones is the
+    lifetime-only tier. `mode`: `"fixed"` runs exactly that tier (checked against the packed rows at each
+    forward); `"auto"` / `"exact only"` need `capacity`, an object with `choose(rows, dtype, floor, mode,
+    verified) -> decision` (`decision.plan`, `need_bytes`, `have_bytes`, `verified_exact`, `escalated`), as
+    `h3director.dit.capacity.CapacityCheck` provides; the chunk counts are its floor. `budget_bytes`
+    (bytes) belongs to the capacity check: give it to the `CapacityCheck` you pass.
+
+    Bad input (another model class, a head count the groups do not divide, counts < 1, an unknown mode,
+    a plan already applied, blocks already patched or hooked) raises `InvalidInputError` before anything
+    on the model changes. Use with group offload: see this module's docstring.
+    """
+    plan = DiTMemoryPlan(head_chunks=head_chunks, ffn_chunks=ffn_chunks, query_chunks=query_chunks)
+    if mode not in MODES:
+        raise InvalidInputError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+    _check_model(transformer, plan)
+    if mode != "fixed" and capacity is None:
+        raise InvalidInputError(f"mode {mode!r} needs a capacity check: pass capacity=CapacityCheck(...) "
+                                "(h3director.dit.capacity), or use mode='fixed'")
+    if capacity is not None and not callable(getattr(capacity, "choose", None)):
+        raise InvalidInputError(f"capacity must have a choose(rows, dtype, floor, mode, verified) method; got "
+                                f"{type(capacity).__name__}")
+    if budget_bytes is not None:
+        raise InvalidInputError("budget_bytes is the capacity check's setting: pass "
+                                "capacity=CapacityCheck(..., budget_bytes=...) instead")
+    handle = DiTMemoryHandle(transformer, plan, mode, capacity)
+    handle._install()
+    return handle
