@@ -1,0 +1,152 @@
+"""Which activation techniques a DiT forward runs, how exact they are, and the order to escalate them.
+
+A `DiTMemoryPlan` is one *tier*. The techniques, with their exactness class:
+
+- `lifetime` (exact by construction): the block frees what the stock code keeps alive; the normalised
+  block input dies after the projections that read it, the FFN input after fc1, and the value copy the
+  stock attention makes for container-consuming backends is skipped where the backend does not consume;
+- `head_chunks` > 1 (exact where verified): q, k and v are projected and attended `heads / head_chunks`
+  heads at a time into one preallocated output; bit-identical where the projection GEMM is invariant to
+  its output-column count and the attention kernel computes heads independently;
+- `ffn_chunks` > 1 (exact where verified): norm, modulation, fc1, SwiGLU, fc2 and the gated residual
+  run per chunk of rows, in the stock op order; bit-identical where the GEMMs are invariant to their
+  row count M;
+- `query_chunks` > 1 (exact where verified): each head group's attention runs over blocks of query
+  rows aligned to `QUERY_ALIGN` rows; bit-identical where the kernel computes query rows independently.
+
+Which of these are verified on a device is `h3director.dit.kernels`' job; a plan only names the kernel
+properties it relies on (`relies_on`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from h3director.dit.ranges import divisors
+from h3director.errors import InvalidInputError
+
+QUERY_ALIGN = 128
+"""Query chunks start on multiples of this many rows (the tile height of the fused attention kernels)."""
+
+
+class Exactness(str, Enum):
+    """The exactness classes of shared design.md, as reported in docstrings and run reports."""
+
+    BY_CONSTRUCTION = "exact by construction"
+    WHERE_VERIFIED = "exact where verified"
+    APPROXIMATE = "approximate"
+
+
+# Kernel properties a chunked tier relies on; `h3director.dit.kernels` checks each by name.
+QKV_COLUMN_GROUPS = "qkv_column_groups"
+ATTENTION_HEAD_GROUPS = "attention_head_groups"
+ATTENTION_QUERY_CHUNKS = "attention_query_chunks"
+FFN_ROW_CHUNKS = "ffn_row_chunks"
+KERNEL_PROPERTIES = (QKV_COLUMN_GROUPS, ATTENTION_HEAD_GROUPS, ATTENTION_QUERY_CHUNKS, FFN_ROW_CHUNKS)
+
+
+@dataclass(frozen=True)
+class DiTMemoryPlan:
+    """One tier of the DiT's activation techniques. `DiTMemoryPlan()` is the lifetime-only tier;
+    `STOCK` runs the framework's own block unchanged."""
+
+    head_chunks: int = 1
+    ffn_chunks: int = 1
+    query_chunks: int = 1
+    lifetime: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("head_chunks", "ffn_chunks", "query_chunks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidInputError(f"{name} must be an integer >= 1, got {value!r}")
+        if not self.lifetime and self.chunked:
+            raise InvalidInputError("chunked tiers always free by lifetime: lifetime=False is the stock block only")
+
+    @property
+    def is_stock(self) -> bool:
+        return not self.lifetime
+
+    @property
+    def chunked(self) -> bool:
+        return self.head_chunks > 1 or self.ffn_chunks > 1 or self.query_chunks > 1
+
+    @property
+    def relies_on(self) -> tuple[str, ...]:
+        """The kernel properties this tier's exactness depends on (empty: exact by construction)."""
+        needs = []
+        if self.head_chunks > 1:
+            needs += [QKV_COLUMN_GROUPS, ATTENTION_HEAD_GROUPS]
+        if self.query_chunks > 1:
+            needs.append(ATTENTION_QUERY_CHUNKS)
+        if self.ffn_chunks > 1:
+            needs.append(FFN_ROW_CHUNKS)
+        return tuple(needs)
+
+    @property
+    def exactness(self) -> Exactness:
+        return Exactness.WHERE_VERIFIED if self.relies_on else Exactness.BY_CONSTRUCTION
+
+    def check_fits(self, heads: int, rows: int | None = None) -> None:
+        """Refuse a plan the model cannot run: head groups must divide `heads`; chunks must not exceed
+        the rows (`rows` is the packed sequence length, when known)."""
+        if heads % self.head_chunks:
+            raise InvalidInputError(
+                f"head_chunks={self.head_chunks} does not divide the model's {heads} heads; use one of {divisors(heads)}")
+        if rows is not None:
+            if self.ffn_chunks > rows:
+                raise InvalidInputError(f"ffn_chunks={self.ffn_chunks} exceeds the {rows} rows of the sequence")
+            max_query = max(1, -(-rows // QUERY_ALIGN))
+            if self.query_chunks > max_query:
+                raise InvalidInputError(
+                    f"query_chunks={self.query_chunks} exceeds the {max_query} blocks of {QUERY_ALIGN} query rows "
+                    f"in a {rows}-row sequence")
+
+    def describe(self) -> str:
+        """Human form, e.g. "4 head groups, 8 FFN row chunks" or "lifetime frees only"."""
+        if self.is_stock:
+            return "stock block"
+        parts = []
+        if self.head_chunks > 1:
+            parts.append(f"{self.head_chunks} head groups")
+        if self.query_chunks > 1:
+            parts.append(f"{self.query_chunks} query chunks")
+        if self.ffn_chunks > 1:
+            parts.append(f"{self.ffn_chunks} FFN row chunks")
+        return ", ".join(parts) if parts else "lifetime frees only"
+
+    def as_dict(self) -> dict:
+        return {"head_chunks": self.head_chunks, "ffn_chunks": self.ffn_chunks, "query_chunks": self.query_chunks,
+                "lifetime": self.lifetime, "exactness": self.exactness.value, "relies_on": list(self.relies_on),
+                "describe": self.describe()}
+
+
+STOCK = DiTMemoryPlan(lifetime=False)
+LIFETIME_ONLY = DiTMemoryPlan()
+
+
+def escalation_ladder(heads: int, rows: int | None = None, max_query_chunks: int = 64) -> list[DiTMemoryPlan]:
+    """Tiers in the order a capacity check tries them: each saves more activation memory than the one
+    before and costs more calls. Starts at the lifetime-only tier; FFN row chunks come first (the FFN
+    holds the block's peak), then head groups with them, then query chunks. Every tier fits `heads`
+    (and `rows`, when given)."""
+    ladder = [LIFETIME_ONLY]
+    head_steps = [g for g in divisors(heads) if g > 1]
+    for ffn in (2, 4, 8):
+        ladder.append(DiTMemoryPlan(ffn_chunks=ffn))
+    for g in head_steps:
+        ladder.append(DiTMemoryPlan(head_chunks=g, ffn_chunks=max(8, 2 * g)))
+    top = head_steps[-1] if head_steps else 1
+    query = 2
+    while query <= max_query_chunks:
+        ladder.append(DiTMemoryPlan(head_chunks=top, ffn_chunks=max(8, 2 * top), query_chunks=query))
+        query *= 2
+    fitting = []
+    for plan in ladder:
+        try:
+            plan.check_fits(heads, rows)
+        except InvalidInputError:
+            continue
+        fitting.append(plan)
+    return fitting
