@@ -597,3 +597,55 @@ def dit_forward_peak_bytes(shape: DiTShape, rows: PackedRows, dtype: object = "b
     ledger.alloc("audio_out", rows.audio * shape.audio_channels * FP32)
     ledger.free("audio_all")
     return ledger.peak
+
+
+@dataclass(frozen=True)
+class DiTCostModel:
+    """`cost(plan, rows, dtype) -> bytes`: activation bytes one DiT forward over `rows` packed rows needs
+    beyond the weights, at the tier `plan` (any object with `DiTMemoryPlan`'s fields), for `framework`.
+
+    = the peak of one block (`dit_block_peak_bytes`, its input residual included) + what the forward
+    keeps alive around the block loop: the rotary tables (diffusers: float32 cos and sin; ComfyUI: the
+    2x2 rotation table in the compute dtype), the row-to-modulation index (diffusers, int64) and the
+    projected embeddings the forward still holds (priced as every row at the compute dtype, float32
+    for diffusers' video projection). `fused_norms` (default True: CUDA's fused RMSNorm) prices norms as
+    one output each; False prices PyTorch's composite CPU norm. The block part is checked against the real blocks
+    (tests/test_plan_dit_tiers.py); the forward part is an upper estimate a capacity check calibrates
+    from measured peaks. `heads` is the model's head count (the tiers must divide it).
+    """
+
+    shape: DiTShape = DiTShape()
+    framework: str = "diffusers"
+    attention: str = "flash"
+    fused_norms: bool = True
+    timesteps: int = 2
+
+    def __post_init__(self) -> None:
+        check_backend(self.attention, 1, 1, self.shape, self.framework)
+
+    @property
+    def heads(self) -> int:
+        return self.shape.heads
+
+    def forward_extra_bytes(self, rows: int, dtype: object) -> int:
+        e = dtype_bytes(dtype)
+        s = self.shape
+        if self.framework == "comfy":
+            return rows * (s.rotary_dim // 2) * 4 * e + rows * s.hidden * e
+        return 2 * rows * s.rotary_dim * FP32 + rows * INDEX + rows * s.hidden * FP32
+
+    def __call__(self, plan: object, rows: int, dtype: object) -> int:
+        block = dit_block_peak_bytes(self.shape, rows, dtype, framework=self.framework, plan=plan,
+                                     attention=self.attention, fused_norms=self.fused_norms,
+                                     timesteps=self.timesteps)
+        return block + self.forward_extra_bytes(rows, dtype)
+
+
+def comfy_cost_model(shape: DiTShape | None = None, attention: str = "flash") -> DiTCostModel:
+    """The cost model of ComfyUI's H3 DiT (`shape` default: the released model)."""
+    return DiTCostModel(shape or DiTShape(), "comfy", attention)
+
+
+def diffusers_cost_model(shape: DiTShape | None = None, attention: str = "flash") -> DiTCostModel:
+    """The cost model of diffusers' `MiniMaxH3Transformer3DModel` (`shape` default: the released model)."""
+    return DiTCostModel(shape or DiTShape(), "diffusers", attention)
