@@ -1,0 +1,497 @@
+"""ComfyUI adapter of the DiT memory tiers: a replacement for ComfyUI's H3 `DiTBlock.forward`.
+
+`install(model_patcher, ...)` returns a clone of the MODEL whose H3 blocks run through `run_block`
+(installed with ComfyUI's own hooks: `set_model_patch_replace(..., "dit", "double_block", i)` for every
+block, plus a `WrappersMP.DIFFUSION_MODEL` wrapper that picks the tier before each forward). The input
+MODEL is never changed.
+
+`run_block` is ComfyUI's `DiTBlock.forward` (`comfy/ldm/minimax/model.py`) with the same ops in the same
+order; the tier (`h3director.dit.tiers.DiTMemoryPlan`) changes lifetimes and groupings only:
+
+- lifetime (every non-stock tier, exact by construction): the modulated block input dies after the
+  q/k/v projection, the FFN input after fc1, fc1's output after SwiGLU; `v` is copied only when the
+  active attention function consumes ComfyUI's `AttentionTensorContainer`s (`container_function` on
+  it or on the `optimized_attention_override` in `transformer_options`), which is what the copy is for;
+- head groups (exact where verified): per group, q/k/v from the group's rows of the projection weight
+  (cast once per block with `comfy.ops.cast_bias_weight(..., offloadable=True)`, released with
+  `uncast_bias_weight` after the last group), per-head RMSNorm + rope with the same
+  `comfy.quant_ops.ck.rms_rope_split_half_` call on the group's heads, attention through the same
+  `optimized_attention` with `transformer_options` (so an override still acts), written into one
+  preallocated `[rows, heads * head_dim]` output; the stock `out_proj` module on the whole output;
+- query chunks (exact where verified): inside a group, attention per `QUERY_ALIGN`-aligned query block;
+- FFN row chunks (exact where verified): norm2, modulation, fc1, SwiGLU (`comfy.ops.INPUT_ACT_EAGER`,
+  what `linear_input_act` runs for unquantised weights), fc2 and the gated residual per row range,
+  added into the residual stream in place as the stock block does; fc1/fc2 cast once per block.
+
+Quantised or unrecognised linear ops (a `QuantizedTensor` weight, a `layout_type`, fp8/cuBLAS op
+classes): row-slicing the weight, or row-chunking an input whose quantisation scale comes from the whole
+tensor, is not the same arithmetic, so such a projection keeps its stock call: a quantised qkv is
+projected whole (head groups still apply to attention), a quantised fc1/fc2 keeps the FFN in one chunk.
+The run report (`DiTMemoryHandle.last_report["kept_stock"]`) says which. The embeddings `_forward`
+keeps alive are outside a block hook's reach and stay as they are.
+
+Units: rows are packed-sequence rows (text + condition + audio + video tokens); bytes are bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from h3director.dit.blocks import chunked_rows, grouped_attention
+from h3director.dit.ranges import row_ranges
+from h3director.dit.tiers import LIFETIME_ONLY, QUERY_ALIGN, STOCK, DiTMemoryPlan
+from h3director.errors import InvalidInputError
+
+MODES = ("auto", "exact only", "fixed")
+WRAPPER_KEY = "h3director_dit_memory"
+PATCH_NAME = "dit"
+PATCH_BLOCK = "double_block"
+H3_MODEL_CLASS = "MiniMaxH3Model"
+H3_MODEL_MODULE = "comfy.ldm.minimax.model"
+
+log = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------------------------- ops
+
+def _comfy():
+    import comfy.ldm.minimax.model as h3
+    import comfy.model_management as mm
+    import comfy.ops as ops
+    import comfy.quant_ops as quant_ops
+
+    return h3, mm, ops, quant_ops
+
+
+def linear_kind(layer) -> tuple[str, str | None]:
+    """How `run_block` may use a linear layer: ("cast" | "plain", None) when its forward is `F.linear`
+    with (cast) weights, so weight rows can be sliced; ("stock", reason) when it must be called as is."""
+    import torch
+
+    _, _, ops, quant_ops = _comfy()
+    weight = getattr(layer, "weight", None)
+    if weight is None:
+        return "stock", "weights not materialised"
+    if (isinstance(weight, quant_ops.QuantizedTensor) or getattr(layer, "layout_type", None) is not None
+            or getattr(layer, "pre_quant_scale", None) is not None):
+        return "stock", "quantised weights"
+    cls = type(layer)
+    base = ops.disable_weight_init.Linear
+    if cls.forward is base.forward and cls.forward_comfy_cast_weights is base.forward_comfy_cast_weights:
+        casts = bool(layer.comfy_cast_weights or layer.weight_function or layer.bias_function)
+        return ("cast" if casts else "plain"), None
+    if cls.__module__ == ops.__name__ and cls.__qualname__.endswith("MixedPrecisionOps.Linear"):
+        return "cast", None  # unquantised mixed-precision layer: cast_bias_weight + F.linear
+    if cls is torch.nn.Linear:
+        return "plain", None
+    return "stock", f"linear op {cls.__module__}.{cls.__qualname__} is not plain F.linear"
+
+
+class _Weights:
+    """A linear layer's weight and bias cast once (released by `release`), as its own forward casts them."""
+
+    def __init__(self, layer, kind: str, like):
+        _, _, ops, _ = _comfy()
+        self.layer = layer
+        self.stream = None
+        if kind == "cast":
+            self.weight, self.bias, self.stream = ops.cast_bias_weight(layer, like, offloadable=True,
+                                                                       compute_dtype=like.dtype)
+        else:
+            self.weight, self.bias = layer.weight, layer.bias
+
+    def rows(self, start: int, stop: int):
+        bias = None if self.bias is None else self.bias[start:stop]
+        return self.weight[start:stop], bias
+
+    def release(self) -> None:
+        if self.stream is not None:
+            _, _, ops, _ = _comfy()
+            ops.uncast_bias_weight(self.layer, self.weight, self.bias, self.stream)
+        self.weight = self.bias = self.stream = None
+
+
+def consumes_containers(transformer_options: dict) -> bool:
+    """Whether the attention call `run_block` makes would hand `AttentionTensorContainer`s to a consumer
+    (the override's or the backend's `container_function`) rather than unwrap them."""
+    h3, _, _, _ = _comfy()
+    override = transformer_options.get("optimized_attention_override")
+    if override is not None:
+        return hasattr(override, "container_function")
+    return getattr(h3.optimized_attention, "container_function", None) is not None
+
+
+def clip_segments(segments, start: int, stop: int) -> list:
+    """`mod_segments` (`(a, b, row)`, row an int or a per-token LongTensor) clipped to rows `start:stop`,
+    re-based so row `start` is 0."""
+    clipped = []
+    for a, b, row in segments:
+        lo, hi = max(a, start), min(b, stop)
+        if lo >= hi:
+            continue
+        if not isinstance(row, int):
+            row = row[lo - a:hi - a]
+        clipped.append((lo - start, hi - start, row))
+    return clipped
+
+
+def _norm_rope(attn, q, k, rope_freqs, rows: int, heads: int):
+    """Per-head RMSNorm + rope of `heads` heads, as the stock `Attention.forward` (in place where it is)."""
+    h3, mm, _, quant_ops = _comfy()
+    d = attn.head_dim
+    if rope_freqs is None:
+        return attn.q_norm(q.view(rows, heads, d)), attn.k_norm(k.view(rows, heads, d))
+    q = q.view(1, rows, heads, d)
+    k = k.view(1, rows, heads, d)
+    qw = mm.cast_to(attn.q_norm.weight, device=q.device)
+    kw = mm.cast_to(attn.k_norm.weight, device=q.device)
+    rot = rope_freqs.shape[-3] * 2
+    if mm.in_training:
+        q, k = quant_ops.ck.rms_rope_split_half(q, k, rope_freqs, qw, kw, epsilon=attn.q_norm.eps, rot_dim=rot)
+    else:
+        quant_ops.ck.rms_rope_split_half_(q, k, rope_freqs, qw, kw, epsilon=attn.q_norm.eps, rot_dim=rot)
+    return q[0], k[0]
+
+
+def _attention(attn, plan: DiTMemoryPlan, hold: list, rope_freqs, transformer_options: dict, kept: set[str]):
+    """The attention branch (`Attention.forward` + nothing else) of one block; `hold` holds the modulated
+    input, which this drops after the last projection that reads it."""
+    import torch
+    import torch.nn.functional as F
+
+    h3, _, _, _ = _comfy()
+    rows = hold[0].shape[0]
+    heads, d = attn.heads, attn.head_dim
+    inner = heads * d
+    consume = consumes_containers(transformer_options)
+    kind, reason = linear_kind(attn.qkv_proj)
+    if kind == "stock":
+        kept.add(f"qkv_proj ({reason}): projected whole")
+    fused = kind == "stock" or plan.head_chunks == 1
+    state: dict[str, Any] = {}
+    if fused:
+        if kind == "stock":
+            state["qkv"] = attn.qkv_proj(hold.pop())
+        else:
+            weights = _Weights(attn.qkv_proj, kind, hold[0])
+            state["qkv"] = F.linear(hold.pop(), weights.weight, weights.bias)
+            weights.release()
+    else:
+        weights = _Weights(attn.qkv_proj, kind, hold[0])
+    single = plan.head_chunks == 1 and len(row_ranges(rows, plan.query_chunks, QUERY_ALIGN)) == 1
+
+    def project(h0: int, h1: int):
+        g = h1 - h0
+        if fused:
+            qkv = state["qkv"]
+            q, k, v = (qkv[:, part * inner + h0 * d:part * inner + h1 * d] for part in range(3))
+            if h1 == heads:
+                del state["qkv"]
+        else:
+            x = hold[0]
+            q, k, v = (F.linear(x, *weights.rows(part * inner + h0 * d, part * inner + h1 * d)) for part in range(3))
+            del x
+            if h1 == heads:
+                hold.pop()
+                weights.release()
+        v = v.view(rows, g, d)
+        q, k = _norm_rope(attn, q, k, rope_freqs, rows, g)
+        if consume and fused:
+            v = v.clone()  # the consumer owns what it takes: not a view of the fused qkv buffer
+        return q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
+
+    def attend_into(qkv, h0: int, h1: int, a: int, b: int) -> None:
+        q, k, v = qkv
+        if a != 0 or b != rows:
+            q = q[:, :, a:b]
+        if consume:
+            q, k, v = (h3.AttentionTensorContainer(t) for t in (q, k, v))
+        out = h3.optimized_attention(q, k, v, h1 - h0, mask=None, skip_reshape=True,
+                                     transformer_options=transformer_options)
+        if single:
+            state["out"] = out.squeeze(0)
+            return
+        if "out" not in state:
+            state["out"] = torch.empty(rows, inner, dtype=out.dtype, device=out.device)
+        state["out"][a:b, h0 * d:h1 * d] = out[0]
+
+    grouped_attention(plan, heads, rows, project, attend_into)
+    return attn.out_proj(state.pop("out"))
+
+
+def _ffn(block, plan: DiTMemoryPlan, x, shift, scale, gate, segments, kept: set[str]) -> None:
+    """The FFN half of the block, added into `x` in place (norm2 ... gated residual per row chunk)."""
+    import torch.nn.functional as F
+
+    h3, _, ops, _ = _comfy()
+    mlp = block.mlp
+    kind1, reason1 = linear_kind(mlp.fc1)
+    kind2, reason2 = linear_kind(mlp.fc2)
+    chunks = plan.ffn_chunks
+    if kind1 == "stock" or kind2 == "stock":
+        for name, kind, reason in (("fc1", kind1, reason1), ("fc2", kind2, reason2)):
+            if kind == "stock":
+                kept.add(f"mlp.{name} ({reason}): FFN in one chunk")
+        chunks = 1
+    w1 = _Weights(mlp.fc1, kind1, x) if kind1 != "stock" else None
+    w2 = _Weights(mlp.fc2, kind2, x) if kind2 != "stock" else None
+    swiglu = ops.INPUT_ACT_EAGER["swiglu"]
+
+    def apply(a: int, b: int) -> None:
+        segs = segments if (a, b) == (0, x.shape[0]) else clip_segments(segments, a, b)
+        xs = x[a:b]
+        t = h3._mod_scale_shift(block.norm2(xs), shift, scale, segs)
+        t = F.linear(t, w1.weight, w1.bias) if w1 is not None else mlp.fc1(t)
+        if w2 is not None:
+            t = swiglu(t)
+            t = F.linear(t, w2.weight, w2.bias)
+        else:
+            t = ops.linear_input_act(mlp.fc2, t, "swiglu")
+        h3._mod_gate(xs, gate, t, segs)
+
+    try:
+        chunked_rows(x.shape[0], chunks, apply)
+    finally:
+        for w in (w1, w2):
+            if w is not None:
+                w.release()
+
+
+def run_block(block, plan: DiTMemoryPlan, x, t_emb, mod_segments, rope_freqs, transformer_options: dict,
+              kept: set[str] | None = None):
+    """ComfyUI's H3 `DiTBlock.forward` under `plan` (not STOCK): same ops, same order; `x` (the packed
+    residual stream, `[rows, hidden]`) is updated in place and returned, as the stock block does.
+    `kept` collects the projections that kept their stock call (quantised or unrecognised ops)."""
+    h3, _, _, _ = _comfy()
+    kept = set() if kept is None else kept
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = block.adaln_proj(t_emb)
+    hold = [h3._mod_scale_shift(block.norm1(x), shift_msa, scale_msa, mod_segments)]
+    attn_out = _attention(block.attn, plan, hold, rope_freqs, transformer_options, kept)
+    x = h3._mod_gate(x, gate_msa, attn_out, mod_segments)
+    del attn_out
+    _ffn(block, plan, x, shift_mlp, scale_mlp, gate_mlp, mod_segments, kept)
+    return x
+
+
+# ---------------------------------------------------------------------------------------- installing
+
+def packed_rows(diffusion_model, x, context, payload: dict | None) -> int:
+    """Rows of the packed sequence `_forward` will build for these inputs (text, condition, reference,
+    audio and video rows), from ComfyUI's own `PackedLayout`."""
+    h3, _, _, _ = _comfy()
+    video, audio = x[0], x[1]
+    pt, ph, pw = diffusion_model.patch_size
+    t = -(-video.shape[2] // pt) * pt
+    lat_h = -(-video.shape[3] // ph) * ph
+    lat_w = -(-video.shape[4] // pw) * pw
+    signature = (context.shape[1], t, lat_h, lat_w, audio.shape[-1])
+    payload = payload or {}
+    layout = payload.get("layout")
+    if layout is None or layout.signature != signature:
+        layout = h3.PackedLayout(*signature, keyframes=payload.get("keyframes"), refs=payload.get("refs"))
+    return int(layout.seq_len)
+
+
+def _verified(device, dtype) -> set[str]:
+    try:
+        from h3director.dit.kernels import verified_properties
+    except ImportError:
+        return set()
+    try:
+        return set(verified_properties(str(device), dtype))
+    except Exception as error:  # a broken cache reads as "nothing verified", and says so
+        log.warning("H3 Director DiT memory: kernel cache unreadable (%s); nothing counts as verified", error)
+        return set()
+
+
+@dataclass
+class DiTMemoryHandle:
+    """One installation on one patched MODEL: the chosen floor, and what the last forward ran.
+
+    `last_report` (after a forward): tier (`describe()`), plan (`as_dict()`), exactness, verified (every
+    property the tier relies on passed `verify-kernels` on this device), rows, need_bytes/have_bytes
+    (when a capacity check ran), kept_stock (projections that kept their stock call), escalated.
+    """
+
+    floor: DiTMemoryPlan
+    mode: str
+    budget_bytes: int | None
+    heads: int
+    blocks: int
+    capacity: Any = None
+    last_report: dict = field(default_factory=dict)
+    reports: int = 0
+    block_calls: int = 0
+    _active: Any = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def plan(self) -> DiTMemoryPlan:
+        return self.floor
+
+    def choose(self, rows: int, dtype, device) -> tuple[DiTMemoryPlan, dict]:
+        """The tier for a forward of `rows` packed rows; raises `InvalidInputError` / `BudgetError`."""
+        verified = _verified(device, dtype)
+        report: dict[str, Any] = {"rows": rows, "mode": self.mode, "device": str(device)}
+        floor = self.floor
+        floor.check_fits(self.heads, rows)
+        capacity = self.capacity if self.capacity is not None else _default_capacity(device, self.budget_bytes)
+        if capacity is not None:
+            decision = capacity.choose(rows, dtype, floor, self.mode, verified)
+            plan = decision.plan
+            report.update(need_bytes=int(decision.need_bytes), have_bytes=int(decision.have_bytes),
+                          escalated=bool(decision.escalated))
+        else:
+            plan = floor
+            if self.mode == "exact only" and not set(floor.relies_on) <= verified:
+                plan = LIFETIME_ONLY
+            report.update(capacity="no capacity check available (h3director.dit.capacity absent)",
+                          escalated=False)
+        report.update(tier=plan.describe(), plan=plan.as_dict(), exactness=plan.exactness.value,
+                      verified=set(plan.relies_on) <= verified,
+                      unverified=sorted(set(plan.relies_on) - verified))
+        return plan, report
+
+
+def _default_capacity(device, budget_bytes):
+    try:
+        from h3director.dit.capacity import CapacityCheck
+        from h3director.plan.activations import comfy_cost_model
+    except ImportError:
+        return None
+    return CapacityCheck(comfy_cost_model(), device, budget_bytes=budget_bytes)
+
+
+class _BlockPatch:
+    """The `patches_replace["dit"][("double_block", i)]` entry: runs block `index` under the tier the
+    wrapper chose for this forward; the stock block when no forward of ours is active."""
+
+    def __init__(self, handle: DiTMemoryHandle, index: int):
+        self.handle = handle
+        self.index = index
+
+    def __call__(self, args: dict, extra: dict) -> dict:
+        active = self.handle._active
+        if active is None or active["plan"].is_stock:
+            return extra["original_block"](args)
+        block = active["model"].blocks[self.index]
+        self.handle.block_calls += 1
+        img = run_block(block, active["plan"], args["img"], args["t_emb"], args["mod_segments"], args["rope_freqs"],
+                        args["transformer_options"], active["kept"])
+        return {"img": img}
+
+
+class _ForwardWrapper:
+    """The `DIFFUSION_MODEL` wrapper: capacity check before each forward, tier recorded after it."""
+
+    def __init__(self, handle: DiTMemoryHandle):
+        self.handle = handle
+
+    def __call__(self, executor, x, timestep, context, transformer_options=None, *args, **kwargs):
+        import torch
+
+        handle = self.handle
+        model = executor.class_obj
+        rows = packed_rows(model, x, context, kwargs.get("minimax_payload"))
+        device = context.device
+        plan, report = handle.choose(rows, context.dtype, device)
+        active = {"model": model, "plan": plan, "kept": set()}
+        measure = device.type == "cuda"
+        if measure:
+            base = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        with handle._lock:
+            handle._active = active
+            try:
+                out = executor(x, timestep, context, transformer_options, *args, **kwargs)
+            finally:
+                handle._active = None
+        report["kept_stock"] = sorted(active["kept"])
+        if measure:
+            peak = torch.cuda.max_memory_allocated(device) - base
+            report["measured_peak_bytes"] = int(peak)
+            capacity = handle.capacity
+            if capacity is not None and hasattr(capacity, "observe"):
+                capacity.observe(rows, plan, peak)
+        if report["tier"] != handle.last_report.get("tier") or report["rows"] != handle.last_report.get("rows"):
+            log.info("H3 Director DiT memory: %s (%s, %s) for %d rows", report["tier"], report["exactness"],
+                     "verified on this device" if report["verified"] else "not verified on this device", rows)
+        handle.reports += 1
+        report["forward"] = handle.reports
+        handle.last_report = report
+        return out
+
+
+def _diffusion_model(model_patcher):
+    base = getattr(model_patcher, "model", None)
+    model = getattr(base, "diffusion_model", None)
+    if model is None or type(model).__name__ != H3_MODEL_CLASS or type(model).__module__ != H3_MODEL_MODULE:
+        cls = type(model if model is not None else (base if base is not None else model_patcher))
+        what = f"{cls.__module__}.{cls.__qualname__}"
+        raise InvalidInputError(f"H3Director DiT Memory works on ComfyUI's MiniMax H3 DiT ({H3_MODEL_MODULE}."
+                                f"{H3_MODEL_CLASS}); the connected MODEL is {what}")
+    return model
+
+
+def check_conflicts(model_patcher, blocks: int) -> None:
+    """Refuse when another pack already replaced or object-patched the H3 blocks."""
+    to = model_patcher.model_options.get("transformer_options", {})
+    replaced = to.get("patches_replace", {}).get(PATCH_NAME, {})
+    foreign = sorted(key[1] for key, patch in replaced.items()
+                     if isinstance(key, tuple) and key[0] == PATCH_BLOCK and not isinstance(patch, _BlockPatch))
+    if foreign:
+        raise InvalidInputError(
+            f"another node already replaced H3 DiT blocks {foreign[:8]}{' ...' if len(foreign) > 8 else ''} "
+            f"(patches_replace['{PATCH_NAME}'][('{PATCH_BLOCK}', i)]); H3Director DiT Memory would override it. "
+            "Remove that node, or put DiT Memory on the MODEL before it")
+    objects = sorted(name for name in getattr(model_patcher, "object_patches", {})
+                     if name == "diffusion_model" or name.startswith(("diffusion_model.blocks",)))
+    if objects:
+        raise InvalidInputError(f"another node object-patched the H3 DiT ({', '.join(objects[:4])}); "
+                                "H3Director DiT Memory cannot replace blocks that are patched objects")
+
+
+def install(model_patcher, head_chunks: int = 1, ffn_chunks: int = 1, query_chunks: int = 1, mode: str = "fixed",
+            budget_bytes: int | None = None, capacity=None):
+    """A clone of `model_patcher` whose H3 DiT blocks run the memory tiers; returns `(clone, handle)`.
+
+    `mode`: "fixed" runs the given chunking; "auto" starts there and escalates to a cheaper tier when the
+    capacity check says it does not fit; "exact only" escalates only through tiers whose kernel properties
+    passed `verify-kernels` on this device. `budget_bytes` None = what the device can give. Checks run
+    before anything is patched: a refused call leaves nothing installed."""
+    if mode not in MODES:
+        raise InvalidInputError(f"mode must be one of {list(MODES)}, got {mode!r}")
+    if budget_bytes is not None and budget_bytes <= 0:
+        raise InvalidInputError(f"budget must be > 0 bytes (or None for the device), got {budget_bytes}")
+    model = _diffusion_model(model_patcher)
+    floor = DiTMemoryPlan(head_chunks=head_chunks, ffn_chunks=ffn_chunks, query_chunks=query_chunks)
+    heads = model.blocks[0].attn.heads
+    floor.check_fits(heads)
+    blocks = len(model.blocks)
+    check_conflicts(model_patcher, blocks)
+    from comfy.patcher_extension import WrappersMP
+
+    handle = DiTMemoryHandle(floor=floor, mode=mode, budget_bytes=budget_bytes, heads=heads, blocks=blocks,
+                             capacity=capacity)
+    patched = model_patcher.clone()
+    patched.remove_wrappers_with_key(WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY)
+    for i in range(blocks):
+        patched.set_model_patch_replace(_BlockPatch(handle, i), PATCH_NAME, PATCH_BLOCK, i)
+    patched.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY, _ForwardWrapper(handle))
+    return patched, handle
+
+
+def installed_handle(model_patcher) -> DiTMemoryHandle | None:
+    """The handle of the installation on `model_patcher` (or a clone of it), None when there is none."""
+    replaced = model_patcher.model_options.get("transformer_options", {}).get("patches_replace", {})
+    for patch in replaced.get(PATCH_NAME, {}).values():
+        if isinstance(patch, _BlockPatch):
+            return patch.handle
+    return None
+
+
+__all__ = ["MODES", "STOCK", "DiTMemoryHandle", "check_conflicts", "clip_segments", "consumes_containers",
+           "install", "installed_handle", "linear_kind", "packed_rows", "run_block"]

@@ -1,0 +1,348 @@
+"""Runs INSIDE a fresh Python with a real ComfyUI on sys.path: the DiT memory checks of tests/test_dit_comfy.py.
+
+Why a separate process: the pack's other tests put stand-in `comfy` modules on sys.path
+(tests/comfy_harness/stubs); the real ComfyUI cannot share a process with them.
+
+Usage: python dit_worker.py COMFYUI_DIR  -> prints one JSON object {check name: {"ok": bool, "detail": str}}.
+
+The model is ComfyUI's own `MiniMaxH3Model`, detected and built by `comfy.sd.load_diffusion_model_state_dict`
+from a small random state dict in ComfyUI's key layout (2 blocks, 4 heads of 16, FFN 96), run on the CPU
+with attention forced to PyTorch SDPA (`attention_pytorch`; the default sub-quadratic attention picks its
+chunk sizes from free memory). The packed sequence has text, audio and video rows and two timesteps
+(audio runs on its shifted schedule); one case adds a denoise mask so video rows carry per-token mod rows.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import json
+import sys
+import traceback
+import types
+
+CONFIG = dict(hidden_size=64, num_layers=2, token_refiner_num_layers=1, num_attention_heads=4, attention_head_dim=16,
+              ffn_hidden_size=96, text_dim=48, timestep_input_dim=32, time_embed_hidden_size=64, time_embed_dim=32,
+              rope_inv_freq_len=2)
+
+
+class _Unavailable(types.ModuleType):
+    """Stand-in for torchvision/torchaudio when absent: ComfyUI imports them at module level for models
+    these checks never build (cosmos, cascade, LTX audio); any use raises."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Unavailable(f"{self.__name__}.{name}")
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self.__name__} is not installed in this test environment")
+
+
+class _UnavailableFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, names):
+        self.names = set(names)
+
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in self.names:
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        return _Unavailable(spec.name)
+
+    def exec_module(self, module):
+        module.__path__ = []
+
+
+def import_comfy(root: str):
+    import importlib.util
+
+    missing = [name for name in ("torchvision", "torchaudio") if importlib.util.find_spec(name) is None]
+    if missing:
+        sys.meta_path.insert(0, _UnavailableFinder(missing))
+    sys.path.insert(0, root)
+    sys.argv = ["main.py", "--cpu"]
+    import comfy.options
+
+    comfy.options.enable_args_parsing()
+    import comfy.ldm.minimax.model as h3
+    from comfy.ldm.modules.attention import attention_pytorch
+
+    h3.optimized_attention = attention_pytorch
+    return h3
+
+
+def tiny_state_dict(h3, seed: int = 0):
+    import comfy.ops
+    import torch
+
+    model = h3.MiniMaxH3Model(**CONFIG, dtype=torch.float32, operations=comfy.ops.disable_weight_init)
+    generator = torch.Generator().manual_seed(seed)
+    sd = {k: 0.2 * torch.randn(v.shape, generator=generator) for k, v in model.state_dict().items()}
+    sd["rope.inv_freq"] = 1.0 / (10000 ** (torch.arange(CONFIG["rope_inv_freq_len"], dtype=torch.float32) / 2))
+    return sd
+
+
+def load(sd, dtype):
+    import comfy.sd
+
+    patcher = comfy.sd.load_diffusion_model_state_dict(dict(sd), model_options={"dtype": dtype})
+    assert patcher is not None, "ComfyUI did not detect the tiny state dict as a model"
+    return patcher
+
+
+def inputs(dtype, mask: bool = False):
+    import torch
+
+    generator = torch.Generator().manual_seed(1)
+    video = torch.randn(1, 24, 3, 20, 18, generator=generator)
+    audio = torch.randn(1, 32, 2, 9, generator=generator)
+    context = torch.randn(1, 7, CONFIG["text_dim"], generator=generator).to(dtype)
+    kwargs = {}
+    if mask:
+        levels = torch.tensor([0.25, 0.5, 1.0])
+        m = levels[torch.randint(0, 3, (1, 1, 3, 20, 18), generator=generator)]
+        kwargs["denoise_mask"] = m
+    return [video, audio], torch.tensor([600.0]), context, kwargs
+
+
+def forward(patcher, dtype, mask=False, extra_options=None):
+    """One diffusion-model forward with the transformer_options the sampler would build for `patcher`
+    (model_options clone + `prepare_model_patcher`, which merges the patcher's wrappers)."""
+    import comfy.model_management
+    import comfy.model_patcher
+    import comfy.sampler_helpers
+    import torch
+
+    comfy.model_management.load_models_gpu([patcher])
+    options = comfy.model_patcher.create_model_options_clone(patcher.model_options)
+    comfy.sampler_helpers.prepare_model_patcher(patcher, {}, options)
+    to = options["transformer_options"]
+    to.update(extra_options or {})
+    x, t, context, kwargs = inputs(dtype, mask)
+    with torch.no_grad():
+        return patcher.model.diffusion_model([v.clone() for v in x], t, context, transformer_options=to, **kwargs)
+
+
+def equal(a, b) -> bool:
+    import torch
+
+    return all(torch.equal(u, v) for u, v in zip(a, b, strict=True))
+
+
+PLANS = [dict(), dict(head_chunks=2), dict(head_chunks=4), dict(ffn_chunks=3), dict(ffn_chunks=7),
+         dict(head_chunks=2, ffn_chunks=4), dict(head_chunks=2, query_chunks=3), dict(head_chunks=4, query_chunks=2,
+                                                                                       ffn_chunks=5)]
+
+
+def run_checks(root: str) -> dict:
+    h3 = import_comfy(root)
+    import comfy.model_patcher
+    import comfy.ops
+    import comfy.patcher_extension
+    import comfy.sampler_helpers
+    import torch
+    from comfy.ldm.modules.attention import attention_pytorch
+
+    from h3director.errors import InvalidInputError
+    from h3director.integrations import comfy_dit
+
+    results: dict[str, dict] = {}
+
+    def check(name, fn):
+        try:
+            ok, detail = fn()
+        except Exception:
+            ok, detail = False, traceback.format_exc()[-3000:]
+        results[name] = {"ok": bool(ok), "detail": str(detail)}
+
+    sd = tiny_state_dict(h3)
+    blocks = CONFIG["num_layers"]
+    for dtype_name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        base = load(sd, dtype)
+        for mask in (False, True):
+            reference = forward(base, dtype, mask)
+            for plan in PLANS:
+                def exact(plan=plan, mask=mask, reference=reference, base=base, dtype=dtype):
+                    patched, handle = comfy_dit.install(base, **plan)
+                    out = forward(patched, dtype, mask)
+                    kinds = {comfy_dit.linear_kind(base.model.diffusion_model.blocks[0].mlp.fc1)[0]}
+                    ok = equal(reference, out) and handle.block_calls == blocks and handle.last_report["forward"] == 1
+                    return ok, {"calls": handle.block_calls, "report": handle.last_report, "kinds": sorted(kinds)}
+                label = "-".join(f"{k}{v}" for k, v in plan.items()) or "lifetime"
+                check(f"exact/{dtype_name}/{'mask' if mask else 'plain'}/{label}", exact)
+
+    base = load(sd, torch.float32)
+    reference = forward(base, torch.float32)
+
+    def weight_paths():
+        casts = load(sd, torch.bfloat16).model.diffusion_model.blocks[0].mlp.fc1
+        plain = base.model.diffusion_model.blocks[0].mlp.fc1
+        return (comfy_dit.linear_kind(plain)[0] == "plain" and comfy_dit.linear_kind(casts)[0] == "cast",
+                (comfy_dit.linear_kind(plain), comfy_dit.linear_kind(casts)))
+    check("weights/plain-and-cast-paths-both-covered", weight_paths)
+
+    def lora():
+        generator = torch.Generator().manual_seed(5)
+        patched_base = base.clone()
+        model_sd = base.model.state_dict()
+        keys = ["diffusion_model.blocks.0.attn.qkv_proj.weight", "diffusion_model.blocks.1.mlp.fc1.weight"]
+        added = patched_base.add_patches({k: (0.05 * torch.randn(model_sd[k].shape, generator=generator),)
+                                          for k in keys})
+        stock = forward(patched_base, torch.float32)
+        ours, handle = comfy_dit.install(patched_base, head_chunks=2, ffn_chunks=3)
+        out = forward(ours, torch.float32)
+        forward(base, torch.float32)  # unpatches the weights again
+        return (len(added) == 2 and not equal(stock, reference) and equal(stock, out) and handle.block_calls == blocks,
+                f"patched keys {added}; lora changes output: {not equal(stock, reference)}")
+    check("lora/add_patches-applies-through-tier", lora)
+
+    def lora_lowvram():
+        # patches applied on the fly (lowvram: weight_function on the modules) go through cast_bias_weight
+        generator = torch.Generator().manual_seed(6)
+        patched_base = base.clone()
+        model_sd = base.model.state_dict()
+        keys = ["diffusion_model.blocks.0.attn.qkv_proj.weight", "diffusion_model.blocks.0.mlp.fc2.weight"]
+        patched_base.add_patches({k: (0.05 * torch.randn(model_sd[k].shape, generator=generator),) for k in keys})
+        ours, handle = comfy_dit.install(patched_base, head_chunks=2, ffn_chunks=3)
+        stock_out = forward(patched_base, torch.float32)
+        model = ours.model
+        ours.unpatch_model()
+        ours.patch_model(lowvram_model_memory=1, load_weights=True)
+        fc2 = model.diffusion_model.blocks[0].mlp.fc2
+        on_the_fly = bool(fc2.weight_function) and comfy_dit.linear_kind(fc2)[0] == "cast"
+        options = comfy.model_patcher.create_model_options_clone(ours.model_options)
+        comfy.sampler_helpers.prepare_model_patcher(ours, {}, options)
+        x, t, context, kwargs = inputs(torch.float32)
+        with torch.no_grad():
+            out = model.diffusion_model(x, t, context, transformer_options=options["transformer_options"])
+        ours.unpatch_model()
+        return on_the_fly and equal(stock_out, out), f"fc2 patched on the fly through cast_bias_weight: {on_the_fly}"
+    check("lora/lowvram-weight-function-applies", lora_lowvram)
+
+    def override():
+        calls = {"n": 0}
+
+        def counting(func, *args, **kwargs):
+            calls["n"] += 1
+            return func(*args, **kwargs)
+        ours, _ = comfy_dit.install(base, head_chunks=2, query_chunks=3)
+        out = forward(ours, torch.float32, extra_options={"optimized_attention_override": counting})
+        expected = blocks * 2 * 3 + CONFIG["token_refiner_num_layers"]  # the refiner's stock attention too
+        return equal(reference, out) and calls["n"] == expected, f"override calls {calls['n']}, expected {expected}"
+    check("attention/override-still-acts", override)
+
+    def containers():
+        taken = {"n": 0}
+
+        def consumer(func, *args, **kwargs):
+            raise AssertionError("a container consumer must be called through container_function")
+
+        def container_function(q, k, v, *args, **kwargs):
+            taken["n"] += 1
+            assert isinstance(q, h3.AttentionTensorContainer)
+            kwargs = {k: v for k, v in kwargs.items() if k not in ("_inside_attn_wrapper", "transformer_options")}
+            return attention_pytorch.__wrapped__(q.take(), k.take(), v.take(), *args, **kwargs)
+        consumer.container_function = container_function
+        results_ok = []
+        for plan in (dict(), dict(head_chunks=2, ffn_chunks=2)):
+            ours, _ = comfy_dit.install(base, **plan)
+            out = forward(ours, torch.float32, extra_options={"optimized_attention_override": consumer})
+            results_ok.append(equal(reference, out))
+        refiner = CONFIG["token_refiner_num_layers"]
+        expected = (blocks * 1 + refiner) + (blocks * 2 + refiner)
+        return all(results_ok) and taken["n"] == expected, f"{results_ok}, container calls {taken['n']} of {expected}"
+    check("attention/container-consumer-gets-containers", containers)
+
+    def stock_kept_ops():
+        # fp8_ops.Linear overrides the cast forward (fp8 matmul when weights are fp8): never sliced
+        import comfy.sd
+        patcher = comfy.sd.load_diffusion_model_state_dict(
+            dict(sd), model_options={"dtype": torch.float32, "custom_operations": comfy.ops.fp8_ops})
+        stock = forward(patcher, torch.float32)
+        ours, handle = comfy_dit.install(patcher, head_chunks=2, ffn_chunks=3)
+        out = forward(ours, torch.float32)
+        kept = handle.last_report["kept_stock"]
+        return (equal(stock, out) and any("qkv_proj" in k for k in kept) and any("mlp.fc1" in k for k in kept),
+                kept)
+    check("quantised/unsliceable-ops-kept-stock-and-reported", stock_kept_ops)
+
+    def options_snapshot(p):
+        to = p.model_options.get("transformer_options", {})
+        return (repr(sorted(to.get("patches_replace", {}).get("dit", {}))), repr(p.wrappers), repr(p.object_patches))
+
+    def conflicts():
+        foreign = base.clone()
+        foreign.set_model_patch_replace(lambda args, extra: extra["original_block"](args), "dit", "double_block", 1)
+        before = options_snapshot(foreign)
+        messages = []
+        try:
+            comfy_dit.install(foreign, head_chunks=2)
+        except InvalidInputError as error:
+            messages.append(str(error))
+        objects = base.clone()
+        objects.add_object_patch("diffusion_model.blocks.0", torch.nn.Identity())
+        try:
+            comfy_dit.install(objects)
+        except InvalidInputError as error:
+            messages.append(str(error))
+        ok = (len(messages) == 2 and "already replaced H3 DiT blocks [1]" in messages[0]
+              and "object-patched" in messages[1] and options_snapshot(foreign) == before)
+        return ok, messages
+    check("refuse/conflicting-patches", conflicts)
+
+    def ours_twice():
+        ours, first = comfy_dit.install(base, head_chunks=2)
+        again, second = comfy_dit.install(ours, ffn_chunks=3)
+        out = forward(again, torch.float32)
+        wrappers = again.get_wrappers(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, comfy_dit.WRAPPER_KEY)
+        return (equal(reference, out) and len(wrappers) == 1 and second.block_calls == blocks
+                and first.block_calls == 0, f"wrappers {len(wrappers)}")
+    check("install/reinstall-replaces-own-patches", ours_twice)
+
+    def bad_inputs():
+        before = options_snapshot(base)
+        cases = {"head_chunks=3": dict(head_chunks=3), "mode": dict(mode="fast"), "budget": dict(budget_bytes=0),
+                 "ffn_chunks=0": dict(ffn_chunks=0)}
+        messages = {}
+        for name, kwargs in cases.items():
+            try:
+                comfy_dit.install(base, **kwargs)
+                messages[name] = None
+            except InvalidInputError as error:
+                messages[name] = str(error)
+        other = comfy.model_patcher.ModelPatcher(torch.nn.Linear(2, 2), torch.device("cpu"), torch.device("cpu"))
+        try:
+            comfy_dit.install(other)
+            messages["other model"] = None
+        except InvalidInputError as error:
+            messages["other model"] = str(error)
+        too_many, _ = comfy_dit.install(base, ffn_chunks=100000)
+        try:
+            forward(too_many, torch.float32)
+            messages["ffn rows"] = None
+        except InvalidInputError as error:
+            messages["ffn rows"] = str(error)
+        ok = (all(messages.values()) and "[1, 2, 4]" in messages["head_chunks=3"]
+              and "torch.nn.modules.linear.Linear" in messages["other model"]
+              and "exceeds the" in messages["ffn rows"] and options_snapshot(base) == before)
+        return ok, messages
+    check("refuse/bad-input", bad_inputs)
+
+    def untouched():
+        before = options_snapshot(base)
+        ours, handle = comfy_dit.install(base, head_chunks=2, ffn_chunks=2)
+        after = options_snapshot(base)
+        plain = forward(base, torch.float32)
+        copy = ours.clone()
+        out = forward(copy, torch.float32)
+        return (before == after and equal(reference, plain) and handle.block_calls == blocks
+                and equal(reference, out) and comfy_dit.installed_handle(base) is None
+                and comfy_dit.installed_handle(copy) is handle), (before, after)
+    check("install/original-untouched-clone-keeps-tier", untouched)
+    return results
+
+
+if __name__ == "__main__":
+    print("H3DIT-RESULTS " + json.dumps(run_checks(sys.argv[1]), default=str))

@@ -1,0 +1,63 @@
+"""DiT memory tiers in ComfyUI's real H3 model code: exact against the stock block, installed through the
+real `ModelPatcher` hooks (`patches_replace["dit"]` + `DIFFUSION_MODEL` wrapper), refusing conflicts and bad input.
+
+The checks run in a fresh Python (`tests/comfy_harness/dit_worker.py`) because the pack's other tests
+put stand-in `comfy` modules on sys.path. ComfyUI is found at `COMFYUI_DIR`, else the vendored checkout
+`.comfy/ComfyUI` (scripts/setup_comfyui.sh), else `/tmp/cf/ComfyUI`; without one the tests skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+WORKER = REPO / "tests" / "comfy_harness" / "dit_worker.py"
+PLANS = ["lifetime", "head_chunks2", "head_chunks4", "ffn_chunks3", "ffn_chunks7", "head_chunks2-ffn_chunks4",
+         "head_chunks2-query_chunks3", "head_chunks4-query_chunks2-ffn_chunks5"]
+CHECKS = ([f"exact/{dtype}/{rows}/{plan}" for dtype in ("float32", "bfloat16") for rows in ("plain", "mask")
+           for plan in PLANS]
+          + ["weights/plain-and-cast-paths-both-covered", "lora/add_patches-applies-through-tier",
+             "lora/lowvram-weight-function-applies", "attention/override-still-acts",
+             "attention/container-consumer-gets-containers", "quantised/unsliceable-ops-kept-stock-and-reported",
+             "refuse/conflicting-patches", "install/reinstall-replaces-own-patches", "refuse/bad-input",
+             "install/original-untouched-clone-keeps-tier"])
+
+
+def comfyui_root() -> Path | None:
+    candidates = [os.environ.get("COMFYUI_DIR"), REPO / ".comfy" / "ComfyUI", "/tmp/cf/ComfyUI"]
+    for candidate in candidates:
+        if candidate and (Path(candidate) / "comfy" / "ldm" / "minimax" / "model.py").is_file():
+            return Path(candidate)
+    return None
+
+
+ROOT = comfyui_root()
+pytestmark = [pytest.mark.comfyui,
+              pytest.mark.skipif(ROOT is None, reason="no ComfyUI checkout with H3 support: set COMFYUI_DIR or run "
+                                                      "scripts/setup_comfyui.sh")]
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    run = subprocess.run([sys.executable, str(WORKER), str(ROOT)], capture_output=True, text=True, env=env,
+                         timeout=600, cwd=REPO)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("H3DIT-RESULTS ")]
+    assert run.returncode == 0 and lines, f"worker failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-5000:]}"
+    return json.loads(lines[-1][len("H3DIT-RESULTS "):])
+
+
+def test_worker_ran_every_check(results):
+    assert sorted(results) == sorted(CHECKS)
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_check(results, name):
+    entry = results[name]
+    assert entry["ok"], entry["detail"]
