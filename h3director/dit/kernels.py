@@ -1,0 +1,488 @@
+"""Per-device A/B checks of the kernel properties the chunked DiT tiers rely on (`verify-kernels`).
+
+A chunked tier regroups the same arithmetic (`DiTMemoryPlan.relies_on`); it is bit-identical to the
+stock block only where the kernels give every output element the same bits whatever the call's other
+rows, columns or heads. That depends on the device, the library and its version, so it is checked here,
+with `torch.equal`, on random inputs (fixed seed) at H3's real layer widths (`H3_WIDTHS`):
+
+- `FFN_ROW_CHUNKS`: the fc1 GEMM (hidden -> 2 x ffn) and the fc2 GEMM (ffn -> hidden) over all rows vs
+  the same GEMM per chunk of rows (several chunk counts, uneven ones included: `ranges.row_ranges`);
+- `QKV_COLUMN_GROUPS`: the fused QKV GEMM (hidden -> 3 x heads x head_dim) over all output columns vs
+  one GEMM per head group and per q/k/v over that group's weight rows (every head-group count a tier
+  can use: the divisors of `heads`), plus one variant that also splits the rows;
+- `ATTENTION_HEAD_GROUPS`: `scaled_dot_product_attention` over all heads vs per head group;
+- `ATTENTION_QUERY_CHUNKS`: attention over all query rows vs per block of query rows aligned to
+  `QUERY_ALIGN`, over all heads and inside one-head groups (the ladder's query tiers use those).
+
+Tensors have the layouts the adapters pass (row-major activations ``[rows, features]``, weights
+``[out, in]``, attention inputs ``[1, heads, rows, head_dim]`` views of ``[rows, heads, head_dim]``);
+chunked results are written into a preallocated output, as the adapters do, and compared whole.
+
+A pass holds for the checked row counts (`rows`, and the chunk sizes derived from it): GEMM libraries
+choose kernels by shape, so a check at 1,024 rows on a GPU is evidence, not proof, for 110,000 rows.
+Results are filed in the kernel cache (`h3director.dit.kernel_cache`) under the device and library
+versions; `verified_properties` is what `exact only` mode consults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from h3director.core.devices import parse_device
+from h3director.dit import kernel_cache
+from h3director.dit.ranges import divisors, head_ranges, row_ranges
+from h3director.dit.tiers import (
+    ATTENTION_HEAD_GROUPS,
+    ATTENTION_QUERY_CHUNKS,
+    FFN_ROW_CHUNKS,
+    KERNEL_PROPERTIES,
+    QKV_COLUMN_GROUPS,
+    QUERY_ALIGN,
+)
+from h3director.errors import InvalidInputError
+
+log = logging.getLogger(__name__)
+
+DTYPES = ("bf16", "fp16", "fp32")
+DEFAULT_ROWS = {"cpu": 1024, "cuda": 8192, "mps": 4096}
+"""Rows checked when the caller gives none: modest on a CPU, closer to a real sequence on a GPU."""
+DEFAULT_ROW_CHUNKS = (2, 3, 8, 16)
+DEFAULT_QUERY_CHUNKS = (2, 3, 8)
+MAX_ROWS = 1 << 20
+
+
+@dataclass(frozen=True)
+class KernelWidths:
+    """Layer widths of the checked ops. Defaults: H3's DiT (hidden 5376, 56 heads x 128, SwiGLU FFN 14336:
+    fc1 is hidden -> 2 x ffn = 28672, fc2 ffn -> hidden, fused QKV hidden -> 3 x 7168)."""
+
+    hidden: int = 5376
+    heads: int = 56
+    head_dim: int = 128
+    ffn: int = 14336
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidInputError(f"kernel width {name} must be a positive integer, got {value!r}")
+
+    @property
+    def inner(self) -> int:
+        """Attention width: heads x head_dim (7168 for H3)."""
+        return self.heads * self.head_dim
+
+
+H3_WIDTHS = KernelWidths()
+
+Linear = Callable[[Any, Any], Any]
+Attention = Callable[[Any, Any, Any], Any]
+
+
+@dataclass
+class VariantResult:
+    """One A/B comparison: `label` names the split; `max_abs_diff` is None when the outputs are equal."""
+
+    label: str
+    equal: bool
+    max_abs_diff: float | None
+    calls: int
+
+
+@dataclass
+class PropertyResult:
+    """The checks of one kernel property. `passed` only when every variant was bit-identical.
+    `shapes` gives the full (unsplit) operands as lists; `seconds` is the wall time of all variants."""
+
+    name: str
+    passed: bool
+    variants: list[VariantResult]
+    shapes: dict[str, list[int]]
+    seconds: float
+
+    @property
+    def max_abs_diff(self) -> float | None:
+        """Largest absolute difference over the failed variants (None when all were equal)."""
+        diffs = [v.max_abs_diff for v in self.variants if v.max_abs_diff is not None]
+        return max(diffs) if diffs else None
+
+    def detail(self) -> str:
+        """One line for the table: what was compared, and what differed."""
+        shapes = ", ".join(f"{name} {'x'.join(map(str, shape))}" for name, shape in self.shapes.items())
+        if self.passed:
+            return f"{len(self.variants)} splits bit-identical ({shapes})"
+        failed = [v for v in self.variants if not v.equal]
+        return (f"{len(failed)}/{len(self.variants)} splits differ, max |diff| {self.max_abs_diff:.3g}: "
+                + ", ".join(v.label for v in failed[:4]) + (", ..." if len(failed) > 4 else ""))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "passed": self.passed, "max_abs_diff": self.max_abs_diff,
+                "detail": self.detail(), "shapes": self.shapes, "seconds": round(self.seconds, 4),
+                "variants": [asdict(v) for v in self.variants]}
+
+
+@dataclass
+class KernelReport:
+    """What `verify_kernels` found on one device at one dtype. `key` is the cache key of this run
+    (device name, torch, CUDA/cuBLAS versions, dtype); `cache_problem` reports an unreadable cache
+    file that was replaced, `cache_path` where the result was filed (None: not written)."""
+
+    device: str
+    dtype: str
+    rows: int
+    widths: KernelWidths
+    seed: int
+    key: dict[str, str | None]
+    results: dict[str, PropertyResult]
+    date: str
+    cache_path: str | None = None
+    cache_problem: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def verified(self) -> frozenset[str]:
+        return frozenset(name for name, result in self.results.items() if result.passed)
+
+    @property
+    def failed(self) -> frozenset[str]:
+        return frozenset(name for name, result in self.results.items() if not result.passed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "dtype": self.dtype, "rows": self.rows, "widths": asdict(self.widths),
+                "seed": self.seed, "key": self.key, "date": self.date,
+                "verified": sorted(self.verified), "failed": sorted(self.failed),
+                "results": {name: result.to_dict() for name, result in self.results.items()},
+                "cache_path": self.cache_path, "cache_problem": self.cache_problem, "notes": self.notes}
+
+    def cache_entry(self) -> dict[str, Any]:
+        return {"key": self.key, "widths": asdict(self.widths), "rows": self.rows, "date": self.date,
+                "verified": sorted(self.verified), "failed": sorted(self.failed),
+                "results": {name: {"passed": r.passed, "max_abs_diff": r.max_abs_diff, "detail": r.detail()}
+                            for name, r in self.results.items()}}
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments
+
+
+def parse_dtype(dtype: Any) -> tuple[str, Any]:
+    """``"bf16"`` / ``"fp16"`` / ``"fp32"`` (or the torch dtype) -> ``(name, torch.dtype)``."""
+    import torch
+
+    table = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    if isinstance(dtype, torch.dtype):
+        for name, value in table.items():
+            if value == dtype:
+                return name, value
+    elif isinstance(dtype, str) and dtype.lower() in table:
+        return dtype.lower(), table[dtype.lower()]
+    raise InvalidInputError(f"unsupported dtype {dtype!r}: expected one of {list(DTYPES)}")
+
+
+def resolve_device(device: Any) -> str:
+    """Validate ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``, a ``torch.device``) against this
+    machine; ``"cuda"`` becomes ``"cuda:<current>"``. Refuses unknown or unavailable devices."""
+    import torch
+
+    kind, index = parse_device(device)
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise InvalidInputError(f"device {str(device)!r} requested but CUDA is not available "
+                                    f"(torch {torch.__version__}, built for CUDA {torch.version.cuda})")
+        count = torch.cuda.device_count()
+        index = torch.cuda.current_device() if index is None else index
+        if index >= count:
+            raise InvalidInputError(f"device cuda:{index} does not exist: this machine has {count} CUDA device(s)")
+        return f"cuda:{index}"
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise InvalidInputError(f"device {str(device)!r} requested but MPS is not available")
+    return kind
+
+
+def default_device() -> str:
+    """The first CUDA device when there is one, else MPS when available, else the CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"cuda:{torch.cuda.current_device()}"
+    if torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+    elif device == "mps":
+        torch.mps.synchronize()
+
+
+@contextlib.contextmanager
+def _timer(device: str, seconds: list[float]) -> Iterator[None]:
+    _sync(device)
+    start = time.perf_counter()
+    yield
+    _sync(device)
+    seconds.append(time.perf_counter() - start)
+
+
+def _compare(label: str, reference, chunked, calls: int) -> VariantResult:
+    import torch
+
+    if torch.equal(reference, chunked):
+        return VariantResult(label, True, None, calls)
+    diff = (reference.float() - chunked.float()).abs()
+    worst = float(diff.nan_to_num(nan=float("inf")).max())
+    return VariantResult(label, False, worst, calls)
+
+
+class _Inputs:
+    """Random tensors from one seeded generator on the device (nothing is made on the host first)."""
+
+    def __init__(self, device: str, dtype, seed: int) -> None:
+        import torch
+
+        self.torch = torch
+        self.device = device
+        self.dtype = dtype
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def normal(self, *shape: int, scale: float = 1.0):
+        tensor = self.torch.randn(*shape, generator=self.generator, device=self.device, dtype=self.dtype)
+        return tensor.mul_(scale) if scale != 1.0 else tensor
+
+
+def _distinct_splits(rows: int, counts: tuple[int, ...], align: int) -> list[int]:
+    """The chunk counts of ``counts`` that split ``rows`` (aligned to ``align``) into at least two ranges,
+    one per distinct set of ranges (8 chunks of 300 rows aligned to 128 are the same 3 as 3 chunks)."""
+    seen, kept = set(), []
+    for count in counts:
+        ranges = tuple(row_ranges(rows, count, align)) if count <= rows else ()
+        if len(ranges) >= 2 and ranges not in seen:
+            seen.add(ranges)
+            kept.append(count)
+    return kept
+
+
+def _row_chunked(linear: Linear, x, weight, chunks: int, out) -> int:
+    ranges = row_ranges(x.shape[0], chunks)
+    for a, b in ranges:
+        out[a:b] = linear(x[a:b], weight)
+    return len(ranges)
+
+
+def check_ffn_row_chunks(inputs: _Inputs, rows: int, widths: KernelWidths, row_chunks: tuple[int, ...],
+                         linear: Linear) -> tuple[list[VariantResult], dict[str, list[int]]]:
+    """fc1 and fc2 over all rows vs per row chunk. Weights are scaled by 1/sqrt(fan-in), as initialised
+    layers are, so outputs stay in range in every dtype."""
+    torch = inputs.torch
+    variants: list[VariantResult] = []
+    shapes: dict[str, list[int]] = {}
+    for name, fan_in, fan_out in (("fc1", widths.hidden, 2 * widths.ffn), ("fc2", widths.ffn, widths.hidden)):
+        x = inputs.normal(rows, fan_in)
+        weight = inputs.normal(fan_out, fan_in, scale=fan_in ** -0.5)
+        shapes[f"{name} x"] = [rows, fan_in]
+        shapes[f"{name} weight"] = [fan_out, fan_in]
+        reference = linear(x, weight)
+        out = torch.empty_like(reference)
+        for chunks in _distinct_splits(rows, row_chunks, 1):
+            calls = _row_chunked(linear, x, weight, chunks, out)
+            variants.append(_compare(f"{name} {calls} row chunks", reference, out, calls))
+        del x, weight, reference, out
+    return variants, shapes
+
+
+def check_qkv_column_groups(inputs: _Inputs, rows: int, widths: KernelWidths, head_groups: tuple[int, ...],
+                            linear: Linear) -> tuple[list[VariantResult], dict[str, list[int]]]:
+    """The fused QKV GEMM over all 3 x inner output columns vs, per head group, one GEMM each for the
+    group's q, k and v weight rows, written into the matching output columns. The last variant also
+    splits the rows in 3 (the largest head-group count)."""
+    torch = inputs.torch
+    inner, d = widths.inner, widths.head_dim
+    x = inputs.normal(rows, widths.hidden)
+    weight = inputs.normal(3 * inner, widths.hidden, scale=widths.hidden ** -0.5)
+    reference = linear(x, weight)
+    out = torch.empty_like(reference)
+    variants = []
+    plans = [(groups, 1) for groups in head_groups]
+    if head_groups and rows >= 3:
+        plans.append((head_groups[-1], 3))
+    for groups, row_chunks in plans:
+        calls = 0
+        for h0, h1 in head_ranges(widths.heads, groups):
+            for part in range(3):
+                c0, c1 = part * inner + h0 * d, part * inner + h1 * d
+                calls += _row_chunked(linear, x, weight[c0:c1], row_chunks, out[:, c0:c1])
+        label = f"{groups} head groups" + (f" x {row_chunks} row chunks" if row_chunks > 1 else "")
+        variants.append(_compare(label, reference, out, calls))
+    return variants, {"x": [rows, widths.hidden], "weight": [3 * inner, widths.hidden]}
+
+
+def _attention_inputs(inputs: _Inputs, rows: int, widths: KernelWidths):
+    """q, k, v as the adapters hold them: ``[rows, heads, head_dim]``, passed as ``[1, heads, rows, head_dim]``
+    transposed views."""
+    return tuple(inputs.normal(rows, widths.heads, widths.head_dim) for _ in range(3))
+
+
+def _as_batch(t):
+    return t.transpose(0, 1).unsqueeze(0)
+
+
+def check_attention_head_groups(inputs: _Inputs, rows: int, widths: KernelWidths, head_groups: tuple[int, ...],
+                                attention: Attention) -> tuple[list[VariantResult], dict[str, list[int]]]:
+    """Attention over all heads vs one call per head group, each written into its heads of one output."""
+    torch = inputs.torch
+    q, k, v = _attention_inputs(inputs, rows, widths)
+    reference = attention(_as_batch(q), _as_batch(k), _as_batch(v))
+    out = torch.empty_like(reference)
+    variants = []
+    for groups in head_groups:
+        ranges = head_ranges(widths.heads, groups)
+        for h0, h1 in ranges:
+            out[:, h0:h1] = attention(_as_batch(q[:, h0:h1]), _as_batch(k[:, h0:h1]), _as_batch(v[:, h0:h1]))
+        variants.append(_compare(f"{groups} head groups", reference, out, len(ranges)))
+    return variants, {"q, k, v": [1, widths.heads, rows, widths.head_dim]}
+
+
+def check_attention_query_chunks(inputs: _Inputs, rows: int, widths: KernelWidths, query_chunks: tuple[int, ...],
+                                 attention: Attention) -> tuple[list[VariantResult], dict[str, list[int]]]:
+    """Attention over all query rows vs per `QUERY_ALIGN`-aligned block of query rows over all keys:
+    over all heads at once, and inside one-head groups."""
+    torch = inputs.torch
+    q, k, v = _attention_inputs(inputs, rows, widths)
+    reference = attention(_as_batch(q), _as_batch(k), _as_batch(v))
+    out = torch.empty_like(reference)
+    variants = []
+    for chunks in _distinct_splits(rows, query_chunks, QUERY_ALIGN):
+        ranges = row_ranges(rows, chunks, QUERY_ALIGN)
+        for groups in (1, widths.heads):
+            calls = 0
+            for h0, h1 in head_ranges(widths.heads, groups):
+                kb, vb = _as_batch(k[:, h0:h1]), _as_batch(v[:, h0:h1])
+                for a, b in ranges:
+                    out[:, h0:h1, a:b] = attention(_as_batch(q[a:b, h0:h1]), kb, vb)
+                    calls += 1
+            where = "all heads" if groups == 1 else "1-head groups"
+            variants.append(_compare(f"{len(ranges)} query chunks, {where}", reference, out, calls))
+    return variants, {"q, k, v": [1, widths.heads, rows, widths.head_dim]}
+
+
+def verify_kernels(device: Any = None, dtype: Any = "bf16", rows: int | None = None, *,
+                   widths: KernelWidths | None = None, seed: int = 0,
+                   properties: tuple[str, ...] = KERNEL_PROPERTIES,
+                   row_chunks: tuple[int, ...] = DEFAULT_ROW_CHUNKS,
+                   head_groups: tuple[int, ...] | None = None,
+                   query_chunks: tuple[int, ...] = DEFAULT_QUERY_CHUNKS,
+                   linear: Linear | None = None, attention: Attention | None = None,
+                   cache: bool | str | Any = False) -> KernelReport:
+    """Check each kernel property on ``device`` at ``dtype`` with ``rows`` packed rows (default
+    `DEFAULT_ROWS` for the device kind) at ``widths`` (default `H3_WIDTHS`) and return the report.
+
+    ``head_groups`` defaults to every head-group count a tier can use (the divisors of ``widths.heads``
+    above 1). ``linear(x, weight)`` and ``attention(q, k, v)`` default to ``torch.nn.functional.linear``
+    and ``scaled_dot_product_attention``; tests pass others. ``cache``: False writes nothing, True
+    files the result in the default cache (`kernel_cache.default_cache_path`), a path files it there.
+    All arguments are checked before any tensor is made."""
+    import torch
+    import torch.nn.functional as F
+
+    device = resolve_device(default_device() if device is None else device)
+    dtype_name, torch_dtype = parse_dtype(dtype)
+    widths = H3_WIDTHS if widths is None else widths
+    if not isinstance(widths, KernelWidths):
+        raise InvalidInputError(f"widths must be a KernelWidths, got {type(widths).__name__}")
+    if rows is None:
+        rows = DEFAULT_ROWS[parse_device(device)[0]]
+    if not isinstance(rows, int) or isinstance(rows, bool) or not 1 <= rows <= MAX_ROWS:
+        raise InvalidInputError(f"rows must be an integer in [1, {MAX_ROWS}], got {rows!r}")
+    unknown = [name for name in properties if name not in KERNEL_PROPERTIES]
+    if unknown or not properties:
+        raise InvalidInputError(f"unknown kernel properties {unknown}: expected a subset of {list(KERNEL_PROPERTIES)}")
+    if head_groups is None:
+        head_groups = tuple(g for g in divisors(widths.heads) if g > 1)
+    for groups in head_groups:
+        head_ranges(widths.heads, groups)  # refuses a count that does not divide the heads
+    for name, counts in (("row_chunks", row_chunks), ("query_chunks", query_chunks)):
+        if any(not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in counts):
+            raise InvalidInputError(f"{name} must be positive integers, got {counts!r}")
+    linear = F.linear if linear is None else linear
+    attention = F.scaled_dot_product_attention if attention is None else attention
+
+    key = kernel_cache.environment_key(device, dtype_name)
+    checks = {
+        FFN_ROW_CHUNKS: lambda i: check_ffn_row_chunks(i, rows, widths, row_chunks, linear),
+        QKV_COLUMN_GROUPS: lambda i: check_qkv_column_groups(i, rows, widths, head_groups, linear),
+        ATTENTION_HEAD_GROUPS: lambda i: check_attention_head_groups(i, rows, widths, head_groups, attention),
+        ATTENTION_QUERY_CHUNKS: lambda i: check_attention_query_chunks(i, rows, widths, query_chunks, attention),
+    }
+    results: dict[str, PropertyResult] = {}
+    with torch.inference_mode():
+        for name in KERNEL_PROPERTIES:
+            if name not in properties:
+                continue
+            inputs = _Inputs(device, torch_dtype, seed)
+            seconds: list[float] = []
+            with _timer(device, seconds):
+                variants, shapes = checks[name](inputs)
+            results[name] = PropertyResult(name, bool(variants) and all(v.equal for v in variants),
+                                           variants, shapes, seconds[0])
+            del inputs
+    report = KernelReport(device, dtype_name, rows, widths, seed, key, results,
+                          datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    for name, result in results.items():
+        if not result.variants:
+            report.notes.append(f"{name}: no split fits {rows} rows; not verified")
+    if cache is not False:
+        path = kernel_cache.default_cache_path() if cache is True else cache
+        before = kernel_cache.write_entry(report.cache_entry(), path)
+        report.cache_path = str(before.path)
+        report.cache_problem = before.problem
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the cache
+
+
+@dataclass(frozen=True)
+class CacheLookup:
+    """What the cache says for one device and dtype in this process. `problem`: an unreadable cache
+    file (nothing trusted); `entry`: the matching record, None when there is none."""
+
+    verified: frozenset[str]
+    key: dict[str, str | None]
+    path: str
+    entry: dict[str, Any] | None
+    problem: str | None
+
+
+def lookup(device: Any, dtype: Any, path: Any = None, widths: KernelWidths | None = None) -> CacheLookup:
+    """The cached verification for ``device`` and ``dtype`` under this process's torch/CUDA/cuBLAS
+    versions, at ``widths`` (default `H3_WIDTHS`). A corrupt or oversized cache file is logged and trusted for nothing."""
+    device = resolve_device(device)
+    dtype_name, _ = parse_dtype(dtype)
+    key = kernel_cache.environment_key(device, dtype_name)
+    read = kernel_cache.read_cache(path)
+    widths = H3_WIDTHS if widths is None else widths
+    if read.problem:
+        log.warning("%s; no kernel property counts as verified", read.problem)
+    entry = kernel_cache.find_entry(read.entries, key, asdict(widths))
+    verified = frozenset(entry["verified"]) if entry else frozenset()
+    return CacheLookup(verified, key, str(read.path), entry, read.problem)
+
+
+def verified_properties(device: Any, dtype: Any, path: Any = None, widths: KernelWidths | None = None) -> set[str]:
+    """The kernel properties verified on ``device`` at ``dtype`` with the running library versions
+    (names from `h3director.dit.tiers.KERNEL_PROPERTIES`); empty when nothing matching is cached."""
+    return set(lookup(device, dtype, path, widths).verified)

@@ -1,0 +1,277 @@
+"""`h3director.dit.kernels` and `verify-kernels`: the per-op A/B checks, the cache, the command.
+
+The checks run on this CPU at small widths (the CLI's real widths are patched down where the command is
+run). A check must be able to fail: kernels whose result depends on the call's row count, column count,
+head count or query count are injected and must be reported as failing exactly the property they break.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from h3director.cli import main
+from h3director.dit import kernel_cache, kernels
+from h3director.dit.kernels import KernelWidths, lookup, verified_properties, verify_kernels
+from h3director.dit.tiers import (
+    ATTENTION_HEAD_GROUPS,
+    ATTENTION_QUERY_CHUNKS,
+    FFN_ROW_CHUNKS,
+    KERNEL_PROPERTIES,
+    QKV_COLUMN_GROUPS,
+)
+from h3director.errors import InvalidInputError
+
+SMALL = KernelWidths(hidden=64, heads=4, head_dim=16, ffn=96)
+ROWS = 300  # not a multiple of the 128-row query blocks: uneven last chunks everywhere
+
+
+@pytest.fixture
+def cache_file(tmp_path, monkeypatch):
+    path = tmp_path / "kernels.json"
+    monkeypatch.setenv("H3_KERNEL_CACHE", str(path))
+    return path
+
+
+def _rows_noise(x, weight):
+    """A GEMM whose result depends on how many rows the call has (not batch-invariant in M)."""
+    return F.linear(x, weight) + x.shape[0] * 1e-2
+
+
+def _columns_noise(x, weight):
+    """A GEMM whose result depends on how many output columns the call has."""
+    return F.linear(x, weight) + weight.shape[0] * 1e-2
+
+
+def _heads_noise(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v) + q.shape[1] * 1e-2
+
+
+def _queries_noise(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v) + q.shape[2] * 1e-3
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_cpu_report_runs_every_property_and_finds_the_splits_equal(dtype, cache_file):
+    report = verify_kernels("cpu", dtype, rows=ROWS, widths=SMALL)
+    assert report.device == "cpu" and report.dtype == dtype and report.rows == ROWS
+    assert set(report.results) == set(KERNEL_PROPERTIES)
+    for name, result in report.results.items():
+        assert result.variants, name
+        assert result.passed and result.max_abs_diff is None, (name, result.detail())
+        assert all(v.equal and v.calls >= 2 for v in result.variants)
+        assert result.seconds >= 0 and "bit-identical" in result.detail()
+    assert report.verified == frozenset(KERNEL_PROPERTIES) and not report.failed
+    # every head-group count a tier can use (divisors of 4 above 1), uneven row chunks included
+    qkv = [v.label for v in report.results[QKV_COLUMN_GROUPS].variants]
+    assert qkv[:2] == ["2 head groups", "4 head groups"]
+    assert report.results[FFN_ROW_CHUNKS].shapes["fc1 weight"] == [2 * SMALL.ffn, SMALL.hidden]
+    assert report.results[FFN_ROW_CHUNKS].shapes["fc2 weight"] == [SMALL.hidden, SMALL.ffn]
+    assert report.key["dtype"] == dtype and report.key["torch"] == torch.__version__
+    assert report.key["device_name"].startswith("cpu: ")
+    document = report.to_dict()
+    assert json.loads(json.dumps(document))["verified"] == sorted(KERNEL_PROPERTIES)
+    assert report.cache_path is None and not cache_file.exists()  # cache=False writes nothing
+
+
+@pytest.mark.parametrize("linear,attention,broken", [
+    (_rows_noise, None, {FFN_ROW_CHUNKS, QKV_COLUMN_GROUPS}),  # QKV's last variant also splits the rows
+    (_columns_noise, None, {QKV_COLUMN_GROUPS}),
+    # the query-chunk check also runs inside one-head groups (as the ladder's query tiers do)
+    (None, _heads_noise, {ATTENTION_HEAD_GROUPS, ATTENTION_QUERY_CHUNKS}),
+    (None, _queries_noise, {ATTENTION_QUERY_CHUNKS}),
+], ids=["rows", "columns", "heads", "queries"])
+def test_a_kernel_that_is_not_invariant_is_reported_failed(linear, attention, broken):
+    report = verify_kernels("cpu", "fp32", rows=ROWS, widths=SMALL, linear=linear, attention=attention)
+    assert report.failed == broken
+    assert report.verified == frozenset(KERNEL_PROPERTIES) - broken
+    for name in broken:
+        result = report.results[name]
+        assert not result.passed and result.max_abs_diff > 0
+        assert "differ" in result.detail()
+
+
+def test_rows_dependent_gemm_fails_every_row_split():
+    report = verify_kernels("cpu", "fp32", rows=ROWS, widths=SMALL, linear=_rows_noise,
+                            properties=(FFN_ROW_CHUNKS,))
+    assert set(report.results) == {FFN_ROW_CHUNKS}
+    variants = report.results[FFN_ROW_CHUNKS].variants
+    assert variants and not any(v.equal for v in variants)
+
+
+def test_cache_roundtrip_and_lookup(cache_file):
+    report = verify_kernels("cpu", "bf16", rows=ROWS, widths=SMALL, cache=True)
+    assert report.cache_path == str(cache_file) and report.cache_problem is None
+    assert verified_properties("cpu", "bf16", widths=SMALL) == set(KERNEL_PROPERTIES)
+    assert verified_properties("cpu", torch.bfloat16, path=cache_file, widths=SMALL) == set(KERNEL_PROPERTIES)
+    # another dtype, or the real widths, were never verified
+    assert verified_properties("cpu", "fp32", widths=SMALL) == set()
+    assert verified_properties("cpu", "bf16") == set()
+    # a failing property is filed as failed, replacing the earlier entry for the same key and widths
+    verify_kernels("cpu", "bf16", rows=ROWS, widths=SMALL, linear=_columns_noise, cache=True)
+    assert verified_properties("cpu", "bf16", widths=SMALL) == set(KERNEL_PROPERTIES) - {QKV_COLUMN_GROUPS}
+    document = json.loads(cache_file.read_text())
+    assert document["format"] == "h3director-kernels" and len(document["entries"]) == 1
+    assert document["entries"][0]["failed"] == [QKV_COLUMN_GROUPS]
+    verify_kernels("cpu", "fp32", rows=ROWS, widths=SMALL, cache=True)
+    assert len(json.loads(cache_file.read_text())["entries"]) == 2
+    assert not list(cache_file.parent.glob(".kernels.json.*"))  # no temporaries left behind
+
+
+def test_absent_cache_gives_nothing(cache_file):
+    found = lookup("cpu", "bf16", widths=SMALL)
+    assert found.verified == frozenset() and found.problem is None and found.entry is None
+
+
+def test_key_mismatch_gives_empty_set(cache_file, monkeypatch):
+    verify_kernels("cpu", "bf16", rows=ROWS, widths=SMALL, cache=True)
+    assert verified_properties("cpu", "bf16", widths=SMALL)
+    monkeypatch.setattr(torch, "__version__", "2.99.0+other")
+    assert verified_properties("cpu", "bf16", widths=SMALL) == set()
+    monkeypatch.undo()
+    # an entry filed under another device name is not this device's either
+    document = json.loads(cache_file.read_text())
+    document["entries"][0]["key"]["device_name"] = "NVIDIA GeForce RTX 4090"
+    cache_file.write_text(json.dumps(document))
+    assert verified_properties("cpu", "bf16", widths=SMALL) == set()
+
+
+@pytest.mark.parametrize("content,problem", [
+    (b"{not json", "not valid JSON"),
+    (b"\xff\xfe\x00", "not valid JSON"),
+    (b'[1, 2]', "is not an 'h3director-kernels' file"),
+    (b'{"format": "h3director-kernels", "version": 7, "entries": []}', "version 7"),
+    (b'{"format": "h3director-kernels", "version": 1, "entries": {}}', "must be a list"),
+], ids=["json", "utf8", "shape", "version", "entries"])
+def test_corrupt_cache_is_reported_not_trusted(cache_file, content, problem, caplog):
+    cache_file.write_bytes(content)
+    with caplog.at_level(logging.WARNING, logger="h3director.dit.kernels"):
+        found = lookup("cpu", "bf16", widths=SMALL)
+    assert found.verified == frozenset() and problem in found.problem
+    assert problem in caplog.text
+
+
+def test_cache_entry_with_forged_fields_is_refused(cache_file):
+    verify_kernels("cpu", "bf16", rows=ROWS, widths=SMALL, cache=True)
+    document = json.loads(cache_file.read_text())
+    document["entries"][0]["verified"].append("everything_is_exact")
+    cache_file.write_text(json.dumps(document))
+    found = lookup("cpu", "bf16", widths=SMALL)
+    assert found.verified == frozenset() and "must list kernel properties" in found.problem
+    document["entries"][0]["verified"] = [FFN_ROW_CHUNKS]
+    document["entries"][0]["failed"] = [FFN_ROW_CHUNKS]
+    cache_file.write_text(json.dumps(document))
+    assert "both verified and failed" in lookup("cpu", "bf16", widths=SMALL).problem
+
+
+def test_oversized_cache_is_refused_unread(cache_file):
+    verify_kernels("cpu", "bf16", rows=ROWS, widths=SMALL, cache=True)
+    document = json.loads(cache_file.read_text())
+    document["padding"] = "x" * kernel_cache.MAX_CACHE_BYTES  # otherwise valid
+    cache_file.write_text(json.dumps(document))
+    found = lookup("cpu", "bf16", widths=SMALL)
+    assert found.verified == frozenset() and "limit" in found.problem
+
+
+def test_verifying_replaces_a_corrupt_cache_and_says_so(cache_file):
+    cache_file.write_text("garbage")
+    report = verify_kernels("cpu", "bf16", rows=ROWS, widths=SMALL, cache=True)
+    assert "not valid JSON" in report.cache_problem
+    assert verified_properties("cpu", "bf16", widths=SMALL) == set(KERNEL_PROPERTIES)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"device": "gpu"}, "unknown device"),
+    ({"dtype": "int8"}, "unsupported dtype"),
+    ({"rows": 0}, "rows must be"),
+    ({"head_groups": (3,)}, "head groups must divide"),
+    ({"properties": ("fast_math",)}, "unknown kernel properties"),
+    ({"row_chunks": (0,)}, "row_chunks must be positive"),
+])
+def test_bad_arguments_are_refused_before_work(kwargs, message, cache_file):
+    arguments = {"device": "cpu", "dtype": "fp32", "rows": ROWS, "widths": SMALL, "cache": True, **kwargs}
+    with pytest.raises(InvalidInputError, match=message):
+        verify_kernels(**arguments)
+    assert not cache_file.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_unavailable_cuda_is_refused():
+    with pytest.raises(InvalidInputError, match="CUDA is not available"):
+        verify_kernels("cuda", "bf16", rows=ROWS, widths=SMALL)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+
+
+@pytest.fixture
+def small_cli(monkeypatch):
+    """The command checks at `kernels.H3_WIDTHS` (read when it runs); make those small for the test."""
+    monkeypatch.setattr(kernels, "H3_WIDTHS", SMALL)
+
+
+def test_cli_json_output_and_cache(small_cli, cache_file, capsys):
+    assert main(["verify-kernels", "--device", "cpu", "--dtype", "fp32", "--rows", str(ROWS), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["widths"] == {"hidden": 64, "heads": 4, "head_dim": 16, "ffn": 96}
+    assert document["verified"] == sorted(KERNEL_PROPERTIES) and document["failed"] == []
+    assert set(document["results"]) == set(KERNEL_PROPERTIES)
+    assert all(r["passed"] and r["detail"] for r in document["results"].values())
+    assert document["cache_path"] == str(cache_file)
+    assert verified_properties("cpu", "fp32", widths=SMALL) == set(KERNEL_PROPERTIES)
+
+
+def test_cli_table_reports_a_failing_property_with_exit_code_zero(small_cli, cache_file, capsys, monkeypatch):
+    monkeypatch.setattr(F, "linear", _make_rows_noise(F.linear))
+    assert main(["verify-kernels", "--device", "cpu", "--dtype", "fp32", "--rows", str(ROWS), "--no-cache"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in out.splitlines() if line.split() and line.split()[0] in KERNEL_PROPERTIES}
+    assert set(lines) == set(KERNEL_PROPERTIES)
+    assert "DIFFERS" in lines[FFN_ROW_CHUNKS] and "bit-identical" in lines[ATTENTION_HEAD_GROUPS]
+    assert "(not filed)" in out and not cache_file.exists()
+
+
+def _make_rows_noise(original):
+    def linear(x, weight, bias=None):
+        return original(x, weight, bias) + x.shape[0] * 1e-2
+    return linear
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--device", "tpu"], "unknown device"),
+    (["--device", "cpu", "--dtype", "fp8"], "unsupported dtype"),
+    (["--device", "cpu", "--rows", "-5"], "rows must be"),
+] + ([] if torch.cuda.is_available() else [(["--device", "cuda:0"], "CUDA is not available")]))
+def test_cli_bad_input_exits_nonzero(small_cli, cache_file, capsys, argv, message):
+    assert main(["verify-kernels", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("h3director verify-kernels: error:") and message in err
+    assert not cache_file.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# The prepared GPU script
+
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "gpu" / "dit_12gb.py"
+
+
+def test_gpu_bench_help_works_without_a_gpu():
+    run = subprocess.run([sys.executable, str(BENCH), "--help"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "--card-gb" in run.stdout and "CUDA GPU" in run.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_gpu_bench_says_it_needs_a_gpu(tmp_path):
+    run = subprocess.run([sys.executable, str(BENCH), "--out", str(tmp_path / "r.json")], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
+    assert not (tmp_path / "r.json").exists()
