@@ -208,3 +208,55 @@ def test_read_header_limits_are_the_callers():
         save_file({"x": torch.zeros(1, 1, 1)}, path)
         with pytest.raises(InvalidInputError, match="rank 3, more than 2"):
             read_header(path, limits)
+
+
+# -- weights that do not fit the model: one clear error before anything is materialised ------------
+
+def test_weights_whose_keys_do_not_fit_the_config_are_refused_with_counts(vae_dir, tmp_path, capsys):
+    from h3director.integrations.tiny import tiny_h3_audio_vae
+
+    save_file({"latents": _latents()}, tmp_path / "z.safetensors")
+    folder = tmp_path / "mixed"
+    tiny_h3_audio_vae(seed=1).save_pretrained(tmp_path / "audio")
+    folder.mkdir()
+    (folder / "config.json").write_text((vae_dir / "vae" / "config.json").read_text())
+    (folder / "diffusion_pytorch_model.safetensors").write_bytes(
+        (tmp_path / "audio" / "diffusion_pytorch_model.safetensors").read_bytes())
+    code, _, err = _decode(capsys, tmp_path / "z.safetensors", "--vae", folder, "--out", tmp_path / "o.npy")
+    assert code == 2, err
+    assert "meta tensor" not in err and len(err) < 2000, err
+    assert err.count("\n") == 1 and err.startswith("h3director decode: error:"), err
+    match = __import__("re").search(r"(\d+) missing, (\d+) unexpected, (\d+) with another shape", err)
+    assert match and int(match.group(1)) > 0 and int(match.group(2)) > 0, err
+    assert "e.g. missing" in err and "AutoencoderKLMiniMaxH3" in err
+    assert not (tmp_path / "o.npy").exists()
+
+
+def test_a_weights_file_of_another_size_is_refused_with_the_shapes(vae_dir, tmp_path, capsys):
+    from h3director.integrations.tiny import tiny_h3_vae
+
+    save_file({"latents": _latents()}, tmp_path / "z.safetensors")
+    other = tmp_path / "other"
+    tiny_h3_vae(seed=1).save_pretrained(other)
+    config = json.loads((other / "config.json").read_text())
+    config["decoder_attention_head_dim"] = 8  # same keys, other shapes
+    (other / "config.json").write_text(json.dumps(config))
+    code, _, err = _decode(capsys, tmp_path / "z.safetensors", "--vae", other / "diffusion_pytorch_model.safetensors",
+                           "--out", tmp_path / "o.npy")
+    assert code == 2 and "0 missing, 0 unexpected" in err and "with another shape" in err, err
+    assert "file [" in err and "model [" in err, err
+
+
+def test_a_single_weights_file_without_config_is_refused_unless_asked_for(vae_dir, tmp_path, capsys):
+    save_file({"latents": _latents()}, tmp_path / "z.safetensors")
+    alone = tmp_path / "alone.safetensors"
+    alone.write_bytes((vae_dir / "vae" / "diffusion_pytorch_model.safetensors").read_bytes())
+    code, _, err = _decode(capsys, tmp_path / "z.safetensors", "--vae", alone, "--out", tmp_path / "o.npy")
+    assert code == 2, err
+    assert "no config.json beside" in err and "latents_mean 0 and latents_std 1 for all 24 channels" in err, err
+    assert "z * latents_std[c] + latents_mean[c]" in err and "--default-config" in err, err
+    # With the flag the defaults are used: the real (full-size) class, which these tiny weights do not fit.
+    code, _, err = _decode(capsys, tmp_path / "z.safetensors", "--vae", alone, "--out", tmp_path / "o.npy",
+                           "--default-config")
+    assert code == 2 and "with another shape" in err and "no config.json" not in err, err
+    assert not (tmp_path / "o.npy").exists()

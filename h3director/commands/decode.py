@@ -32,6 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--crf", type=int, default=None, help="H.264 quality, 0..51 (default: video_decode.crf)")
     parser.add_argument("--fps", type=float, default=None, help="frames per second (default: the model's, 24)")
     parser.add_argument("--device", default="auto", help="decoder device: auto, cpu, cuda, cuda:1, mps")
+    parser.add_argument("--default-config", action="store_true",
+                        help="accept a single weights .safetensors without a config.json beside it: use the real "
+                             "class's default config (H3 video: neutral latent statistics, mean 0 and std 1, so "
+                             "latents made for a real model decode with wrong colours)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                         help="dtype the VAE weights are loaded and run in")
     parser.add_argument("--tiles-per-call", type=int, default=None,
@@ -139,10 +143,12 @@ def run(args: argparse.Namespace) -> int:
     if latents.audio is not None and not args.audio_vae:
         print("note: the file holds audio_latents; pass --audio-vae to decode the soundtrack", file=sys.stderr)
 
-    video_adapter = video_adapter_for(load_vae(args.vae, "video", args.dtype, device))
+    video_adapter = video_adapter_for(load_vae(args.vae, "video", args.dtype, device,
+                                               allow_default_config=args.default_config))
     audio_job = None
     if args.audio_vae:
-        audio_adapter = audio_adapter_for(load_vae(args.audio_vae, "audio", args.dtype, device))
+        audio_adapter = audio_adapter_for(load_vae(args.audio_vae, "audio", args.dtype, device,
+                                                   allow_default_config=args.default_config))
         audio_job = AudioJob(adapter=audio_adapter, latents=latents.audio,
                              chunk_seconds=decode_settings.audio_chunk_seconds)
     sink = _make_sink(args, out, crf, audio_job.adapter.sample_rate if audio_job else None)
