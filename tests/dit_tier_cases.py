@@ -126,17 +126,29 @@ def comfy_inputs(model_module, rows: int, dtype: torch.dtype):
     return x, t_emb, segments, rope
 
 
-def measure_comfy_block(rows: int, dtype: torch.dtype, seed: int = 0) -> int:
-    """Peak bytes (input included) of ComfyUI's stock `DiTBlock` with PyTorch attention."""
+def measure_comfy_block(rows: int, dtype: torch.dtype, plan: dict | None = None, seed: int = 0) -> int:
+    """Peak bytes (input included) of ComfyUI's `DiTBlock` with PyTorch attention: stock (`plan` None), or
+    through `h3director.integrations.comfy_dit.run_block` at `DiTMemoryPlan(**plan)`."""
     model_module, block = _comfy_block(dtype, seed)
     import comfy.ldm.modules.attention as attention
 
     x, t_emb, segments, rope = comfy_inputs(model_module, rows, dtype)
     stock = model_module.optimized_attention
     model_module.optimized_attention = attention.attention_pytorch
+    if plan is None:
+        def forward():
+            return block(x, t_emb, segments, rope, transformer_options={})
+    else:
+        from h3director.dit.tiers import DiTMemoryPlan
+        from h3director.integrations.comfy_dit import run_block
+
+        tier = DiTMemoryPlan(**plan)
+
+        def forward():
+            return run_block(block, tier, x, t_emb, segments, rope, {})
     try:
         with torch.no_grad(), LiveBytesTracker() as tracker:
-            out = block(x, t_emb, segments, rope, transformer_options={})
+            out = forward()
             del out
     finally:
         model_module.optimized_attention = stock

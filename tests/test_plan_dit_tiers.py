@@ -32,7 +32,7 @@ from h3director.plan.activations import (
 TARGET = 0.10
 ROWS = 300          # > 2 x 128: query chunks split it
 
-DIFFUSERS_TIERS = {
+TIERS = {
     "stock": None,
     "lifetime": dict(),
     "ffn 4": dict(ffn_chunks=4),
@@ -49,10 +49,10 @@ def _predict(shape: DiTShape, framework: str, dtype: torch.dtype, tier: dict | N
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("tier", list(DIFFUSERS_TIERS), ids=list(DIFFUSERS_TIERS))
+@pytest.mark.parametrize("tier", list(TIERS), ids=list(TIERS))
 def test_diffusers_block_ledger_matches_measured_peak(tier, dtype):
-    measured = measure_diffusers_block(ROWS, dtype, DIFFUSERS_TIERS[tier])
-    predicted = _predict(dit_shape_diffusers(), "diffusers", dtype, DIFFUSERS_TIERS[tier])
+    measured = measure_diffusers_block(ROWS, dtype, TIERS[tier])
+    predicted = _predict(dit_shape_diffusers(), "diffusers", dtype, TIERS[tier])
     error = predicted / measured - 1
     assert abs(error) <= TARGET, f"diffusers {tier}: predicted {predicted:,} B, measured {measured:,} B ({error:+.1%})"
 
@@ -62,11 +62,12 @@ needs_comfy = pytest.mark.skipif(comfy_root() is None, reason="no ComfyUI source
 
 @needs_comfy
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_comfy_stock_block_ledger_matches_measured_peak(dtype):
-    measured = measure_comfy_block(ROWS, dtype)
-    predicted = _predict(dit_shape_comfy(), "comfy", dtype, None)
+@pytest.mark.parametrize("tier", list(TIERS), ids=list(TIERS))
+def test_comfy_block_ledger_matches_measured_peak(tier, dtype):
+    measured = measure_comfy_block(ROWS, dtype, TIERS[tier])
+    predicted = _predict(dit_shape_comfy(), "comfy", dtype, TIERS[tier])
     error = predicted / measured - 1
-    assert abs(error) <= TARGET, f"comfy stock: predicted {predicted:,} B, measured {measured:,} B ({error:+.1%})"
+    assert abs(error) <= TARGET, f"comfy {tier}: predicted {predicted:,} B, measured {measured:,} B ({error:+.1%})"
 
 
 def test_tiers_save_what_the_real_width_promises():

@@ -391,31 +391,35 @@ def _comfy_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attentio
     of one fused projection, normalised and rotated in place (a fused kernel: nothing allocated), v is
     cloned for the attention containers; the attention output reshapes without a copy; both gated
     residuals are `addcmul_` into x; the MLP's SwiGLU makes one ffn-wide tensor (SiLU of the gate, then
-    multiplied in place). The attention's inputs die when the attention call returns.
-    Tiered (the adapter): "h" dies after the last projection that reads it; no `v.clone()` (the
-    backends priced here do not consume containers); head groups project q, k, v per group; FFN row
-    chunks run norm2 .. fc2 per range of rows and `addcmul_` into x's rows."""
+    multiplied in place), and fc1's output lives until fc2 returns. The attention's inputs die when the
+    attention call returns.
+    Tiered (`h3director.integrations.comfy_dit`): "h" dies right after the last projection that reads
+    it (the fused one, or the last head group's three); no `v.clone()` (the backends priced here do not
+    consume containers); grouped attention writes into a buffer made after the first call returns;
+    FFN row chunks run norm2 .. fc2 per range of rows, each input dying once the next op has made its
+    output, and `addcmul_` into x's rows."""
     md = seq * shape.hidden
     _adaln_table(ledger, shape, e, timesteps)
     _rms_norm(ledger, "h", md, e, e, affine=True)       # then scaled and shifted in place
-    heads = shape.heads // tier.head_chunks
+    groups = tier.head_chunks
+    heads = shape.heads // groups
     part = seq * heads * shape.head_dim * e
-    if tier.grouped:
-        ledger.alloc("attn_all", seq * shape.inner * e)
-    ledger.alloc("qkv", 3 * part)
-    if tier.lifetime and tier.head_chunks == 1:
-        ledger.free("h")
-    if not tier.lifetime:
-        ledger.alloc("v_clone", part)
     q_rows = first_range_rows(seq, tier.query_chunks, QUERY_ALIGN)
-    _kernel(ledger, attention, heads, q_rows, seq, shape.head_dim, e)
-    if tier.grouped:
-        ledger.free("attn")
-    if not tier.lifetime:
-        ledger.free("v_clone")
-    ledger.free("qkv")
-    if tier.lifetime and tier.head_chunks > 1:
-        ledger.free("h")
+    replayed = [(True, groups == 1)] + ([(False, False)] if groups > 2 else []) + ([(False, True)] if groups > 1 else [])
+    for first, last in replayed:
+        ledger.alloc("qkv", 3 * part)
+        if last and tier.lifetime:
+            ledger.free("h")
+        if not tier.lifetime:
+            ledger.alloc("v_clone", part)
+        _kernel(ledger, attention, heads, q_rows, seq, shape.head_dim, e)
+        if tier.grouped:
+            if first:
+                ledger.alloc("attn_all", seq * shape.inner * e)
+            ledger.free("attn")
+        if not tier.lifetime:
+            ledger.free("v_clone")
+        ledger.free("qkv")
     if tier.grouped:
         ledger.rename("attn_all", "attn")
     ledger.alloc("attn_out", md * e)
@@ -432,8 +436,12 @@ def _comfy_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attentio
     if tier.lifetime:
         ledger.free("h2")
     ledger.alloc("swiglu", rows * shape.ffn * e)
+    if tier.lifetime:
+        ledger.free("fc1")
     ledger.alloc("ff_out", rows * shape.hidden * e)
-    ledger.free("swiglu", "fc1", "ff_out")              # ff_out after addcmul_ into x
+    ledger.free("swiglu", "ff_out")                     # ff_out after addcmul_ into x
+    if not tier.lifetime:
+        ledger.free("fc1")
     ledger.free("adaln")
     if not tier.lifetime:
         ledger.free("h2")
