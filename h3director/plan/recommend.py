@@ -30,7 +30,10 @@ from h3director.units import MiB, format_size
 
 DIT_FORMATS = ("bf16", "fp8", "int8", "q8_0", "q5_k", "q4_k_m", "nf4")
 TEXT_ENCODER_CHOICES = (("gpu", "bf16"), ("gpu", "fp8"), ("gpu", "q4_k_m"), ("cpu", "bf16"), ("cpu", "q4_k_m"))
-CHUNKINGS = ((1, 1), (2, 2), (4, 4), (8, 8), (14, 16), (28, 32), (56, 64))
+# (head chunks, FFN chunks), cheapest to run first: stock, then the DiT memory tiers in the order
+# `h3director.dit.tiers.escalation_ladder` walks them (FFN row chunks, then head groups with them).
+CHUNKINGS = ((1, 1), (1, 2), (2, 8), (4, 8), (8, 16), (14, 28), (28, 56), (56, 112))
+DIT_MEMORY_NODE = "H3Director DiT Memory"
 DECODE_TILES = (None, 4, 2, 1)
 SINK_ORDER = ("uint8", "memmap")
 LONG_FORM_OVERLAP = 22      # frames (17 + 5): one encoder clip plus the grid's 5, reused as conditioning
@@ -91,6 +94,7 @@ class Recommendation:
             "ffn_chunks": r.ffn_chunks, "text_encoder": f"{r.text_encoder_weights} on {r.text_encoder_device}",
             "decode_tiles_per_call": r.decode_tiles_per_call, "sink": r.sink,
             "keep_dit_during_decode": r.keep_dit_during_decode,
+            "dit_memory": dit_memory_settings(r.head_chunks, r.ffn_chunks),
         }
         if self.long_form:
             settings["long_form"] = dataclasses.asdict(self.long_form)
@@ -117,6 +121,7 @@ class Recommendation:
             f"  DiT weights       {s['weights']}, {s['offload_blocks']} of {DiTShape.from_config(self.request.dit_config).layers}"
             " blocks offloaded to host RAM",
             f"  chunking          {s['head_chunks']} attention head chunks, {s['ffn_chunks']} FFN chunks",
+            f"  DiT memory        {s['dit_memory']['advice']}",
             "  decode            " + ("reference tiled path" if s["decode_tiles_per_call"] is None
                                       else f"streamed tiling, {s['decode_tiles_per_call']} tile(s) per call")
             + f", sink {s['sink']}, DiT unloaded first",
@@ -131,6 +136,21 @@ class Recommendation:
             lines.append("Does not fit:")
             lines += [f"  - {reason}" for reason in self.rejected]
         return "\n".join(lines)
+
+
+def dit_memory_settings(head_chunks: int, ffn_chunks: int) -> dict:
+    """How to run a (head chunks, FFN chunks) choice: the ComfyUI node's inputs and the diffusers call.
+
+    (1, 1) is the stock block: nothing to install. Otherwise the node "H3Director DiT Memory" in mode
+    fixed with those counts (mode auto starts from them and escalates per forward when the device has
+    less than planned), or `h3director.integrations.diffusers_dit.apply_memory_plan` in diffusers."""
+    if (head_chunks, ffn_chunks) == (1, 1):
+        return {"node": None, "advice": "stock DiT blocks: no DiT memory node needed"}
+    call = f"apply_memory_plan(transformer, head_chunks={head_chunks}, ffn_chunks={ffn_chunks})"
+    node = f'{DIT_MEMORY_NODE}: mode fixed, head_chunks {head_chunks}, ffn_chunks {ffn_chunks}'
+    return {"node": DIT_MEMORY_NODE, "mode": "fixed", "head_chunks": head_chunks, "ffn_chunks": ffn_chunks,
+            "diffusers": call,
+            "advice": f'node "{node}" (or mode auto, which starts there); diffusers: {call}'}
 
 
 def _replace(request: PlanRequest, **changes) -> PlanRequest:
