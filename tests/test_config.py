@@ -222,7 +222,8 @@ def test_every_h3_variable_the_code_reads_is_a_field_or_a_known_switch():
     # os.environ["H3_X"], os.environ.get("H3_X"), os.getenv("H3_X"), env.get("H3_X"), NAME_ENV = "H3_X"
     reads = re.compile(r"""(?:environ\s*\[|\.get\(|getenv\(|_ENV\s*=)\s*["'](H3_[A-Z0-9_]+)["']""")
     read = set()
-    for path in (root / "h3director").rglob("*.py"):
+    for path in [*(root / "h3director").rglob("*.py"), *(root / "bench").rglob("*.py"),
+                 *(root / "scripts").rglob("*.py"), *root.glob("*.py")]:
         read |= set(reads.findall(path.read_text()))
     for path in [*(root / "scripts").glob("*.sh"), *(root / "tests").rglob("*.sh")]:
         read |= set(re.findall(r"\$\{?(H3_[A-Z0-9_]+)", path.read_text()))

@@ -60,6 +60,8 @@ ENV_NOT_CONFIG = frozenset({
     "H3_NATIVE_LIB",      # path of the compiled native library (native/_loader.py)
     "H3_KERNEL_CACHE",    # the DiT kernel verification cache file (dit/kernel_cache.py)
     "H3_TORCH_VERSION",   # the torch version scripts/setup.sh installs
+    "H3_COMFYUI_TARBALL",  # the ComfyUI snapshot scripts/setup_comfyui.sh unpacks
+    "H3_COMFYUI_VENV",    # the ComfyUI virtual environment scripts/setup_comfyui.sh makes
 })
 DEFAULT_CONFIG_NAME = "h3_config.yaml"
 _DEVICE_RE = re.compile(r"^(cpu|mps|cuda(:[0-9]+)?)$")
