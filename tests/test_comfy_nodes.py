@@ -137,10 +137,15 @@ def test_monitor_start_stop_returns_plot_image_and_summary(output_dir):
         MonitorStop.execute(handle)
 
 
-def test_guard_wrapper_preflights_each_forward_with_token_bytes():
+def test_guard_wrapper_preflights_each_forward_with_the_capacity_cost_model():
     from comfy.patcher_extension import WrapperExecutor
 
-    from h3director.comfy.nodes_guard import BYTES_PER_TOKEN, forward_tokens, make_guard_wrapper
+    from h3director.comfy.nodes_guard import forward_tokens, make_guard_wrapper
+    from h3director.dit.capacity import ledger_cost_model
+    from h3director.dit.tiers import STOCK
+
+    cost = ledger_cost_model(framework="comfy")
+    one_block = cost(STOCK, 4, "bf16")
 
     class RecordingGuard:
         def __init__(self):
@@ -148,16 +153,17 @@ def test_guard_wrapper_preflights_each_forward_with_token_bytes():
 
         def preflight(self, nbytes, what):
             self.seen.append(nbytes)
-            if nbytes > 10 * BYTES_PER_TOKEN:
+            if nbytes > 10 * one_block:
                 raise H3DirectorError("[Director Safety] GPU memory limit exceeded")
 
     guard = RecordingGuard()
     run = WrapperExecutor(lambda x, t: x, [make_guard_wrapper(guard)])
     small = torch.zeros(1, 24, 1, 4, 4)
     assert run(small, 0) is small
-    assert guard.seen == [forward_tokens(small) * BYTES_PER_TOKEN] and forward_tokens(small) == 4
+    # no context, no H3 model: the token count, priced as ComfyUI's stock block at the released widths
+    assert guard.seen == [one_block] and forward_tokens(small) == 4
     with pytest.raises(H3DirectorError, match="Director Safety"):
-        run(torch.zeros(1, 24, 2, 8, 8), 0)
+        run(torch.zeros(1, 24, 4, 16, 16), 0)     # 256 tokens: 64x the rows
 
 
 def test_out_of_memory_in_a_clip_frees_models_and_retries_bit_identically(video_vae):

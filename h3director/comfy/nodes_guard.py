@@ -1,9 +1,11 @@
 """H3Director Memory Guard: preflight every diffusion-model forward against the memory budget.
 
 The node clones the MODEL and adds a `DIFFUSION_MODEL` wrapper (ComfyUI's model-patcher wrapper
-mechanism, `comfy/patcher_extension.py`). Before each forward the wrapper estimates the forward's
-transient bytes from the packed token count and asks `h3director.core.guard.MemoryGuard` to
-preflight them; the guard applies the configured action (`memory_safety.action_on_exceed`) and
+mechanism, `comfy/patcher_extension.py`). Before each forward the wrapper prices the forward's
+activations with the DiT capacity check's cost model (`h3director.dit.capacity.ledger_cost_model`:
+the planner's ledger of ComfyUI's H3 block at the model's widths, the packed row count and compute
+dtype, at the tier the H3Director DiT Memory node starts from when it is installed, else the stock
+block) and asks `h3director.core.guard.MemoryGuard` to preflight them; the guard applies the configured action (`memory_safety.action_on_exceed`) and
 raises `MemoryLimitExceeded` ("[Director Safety] GPU memory limit exceeded ...") instead of letting
 the forward die in the allocator, so the prompt fails with a readable node error and the worker lives.
 """
@@ -17,9 +19,6 @@ from h3director.units import GiB
 
 GUARD_KEY = "h3director_memory_guard"
 ACTIONS = ["from config", "stop_and_clear", "reduce_batch", "fallback_to_cpu"]
-# Transient bytes per packed token of one H3 DiT block forward (bf16, fused attention): measured
-# ~116 KB per token (h3-facts.md, ComfyUI-H3-Extended chunked_ref2v/PLAN.md).
-BYTES_PER_TOKEN = 116_000
 
 
 def forward_tokens(x) -> int:
@@ -35,12 +34,73 @@ def forward_tokens(x) -> int:
     return tokens
 
 
-def make_guard_wrapper(guard, bytes_per_token: int = BYTES_PER_TOKEN):
-    """A `DIFFUSION_MODEL` wrapper preflighting `tokens * bytes_per_token` with `guard` before each forward."""
+def dit_shape_of(diffusion_model):
+    """`DiTShape` of ComfyUI's H3 DiT from its modules (the released widths for anything else)."""
+    from h3director.plan.activations import DiTShape
+
+    blocks = getattr(diffusion_model, "blocks", None)
+    try:
+        block = blocks[0]
+        inv_freq = diffusion_model.rope.inv_freq
+        return DiTShape(hidden=int(diffusion_model.hidden_size), heads=int(block.attn.heads),
+                        head_dim=int(block.attn.head_dim), ffn=int(block.mlp.fc2.in_features),
+                        layers=len(blocks), rotary_dim=6 * int(inv_freq.numel()))
+    except (AttributeError, IndexError, TypeError):
+        return DiTShape()
+
+
+def _forward_rows(model, x, context, kwargs) -> int:
+    """Packed rows of the forward: ComfyUI's own `PackedLayout` for the H3 model, else the token count."""
+    if context is not None and getattr(model, "blocks", None) is not None:
+        try:
+            from h3director.integrations.comfy_dit import packed_rows
+
+            return packed_rows(model, x, context, kwargs.get("minimax_payload"))
+        except Exception:  # not the H3 layout: fall back to the token count
+            pass
+    return forward_tokens(x) + (int(context.shape[1]) if context is not None and context.ndim >= 2 else 0)
+
+
+def _dit_memory_floor(transformer_options):
+    """The tier the H3Director DiT Memory node starts from, when its wrapper is on this model; else stock."""
+    from h3director.dit.tiers import STOCK
+
+    wrappers = (transformer_options or {}).get("wrappers", {})
+    for by_key in wrappers.values():
+        for wrapper in (by_key or {}).get("h3director_dit_memory", []):
+            handle = getattr(wrapper, "handle", None)
+            floor = getattr(handle, "floor", None)
+            if floor is not None:
+                return floor
+    return STOCK
+
+
+def make_guard_wrapper(guard, cost_model=None):
+    """A `DIFFUSION_MODEL` wrapper preflighting the forward's activation bytes with `guard`.
+
+    `cost_model(plan, rows, dtype) -> bytes` (default: `ledger_cost_model` for ComfyUI's block at the
+    model's widths, read at the first forward)."""
+    models: dict = {}
 
     def wrapper(executor, x, *args, **kwargs):
-        tokens = forward_tokens(x)
-        guard.preflight(tokens * bytes_per_token, f"diffusion model forward ({tokens} tokens)")
+        from h3director.dit.capacity import ledger_cost_model
+
+        model = getattr(executor, "class_obj", None)
+        context = args[1] if len(args) > 1 else kwargs.get("context")
+        options = args[2] if len(args) > 2 else kwargs.get("transformer_options")
+        context = context if hasattr(context, "shape") else None
+        rows = _forward_rows(model, x, context, kwargs)
+        dtype = context.dtype if context is not None else "bf16"
+        cost = cost_model
+        if cost is None:
+            key = id(model)
+            if key not in models:
+                device = getattr(context, "device", None)
+                models[key] = ledger_cost_model(dit_shape_of(model), "comfy", device=device)
+            cost = models[key]
+        plan = _dit_memory_floor(options if isinstance(options, dict) else None)
+        guard.preflight(int(cost(plan, rows, dtype)),
+                        f"diffusion model forward ({rows} packed rows, {plan.describe()})")
         return executor(x, *args, **kwargs)
 
     return wrapper
