@@ -26,7 +26,8 @@ CHECKS = ([f"exact/{dtype}/{rows}/{plan}" for dtype in ("float32", "bfloat16") f
              "lora/lowvram-weight-function-applies", "attention/override-still-acts",
              "attention/container-consumer-gets-containers", "quantised/unsliceable-ops-kept-stock-and-reported",
              "refuse/conflicting-patches", "install/reinstall-replaces-own-patches", "refuse/bad-input",
-             "install/original-untouched-clone-keeps-tier"])
+             "install/original-untouched-clone-keeps-tier", "node/installs-reports-and-refuses",
+             "capacity/auto-escalates-and-refuses"])
 
 
 def comfyui_root() -> Path | None:

@@ -7,6 +7,7 @@ import logging
 from comfy_api.latest import ComfyExtension, io
 
 from h3director.comfy.nodes_decode import DecodeAVStreaming
+from h3director.comfy.nodes_dit import DiTMemoryNode
 from h3director.comfy.nodes_frames import FrameOffset
 from h3director.comfy.nodes_guard import MemoryGuardNode
 from h3director.comfy.nodes_monitor import MonitorStart, MonitorStop
@@ -15,6 +16,7 @@ from h3director.comfy.nodes_shared import SharedRead, SharedWrite
 
 NODES: list[type[io.ComfyNode]] = [
     DecodeAVStreaming, MonitorStart, MonitorStop, MemoryGuardNode, SharedWrite, SharedRead, FrameOffset, PlanNode,
+    DiTMemoryNode,
 ]
 
 

@@ -295,7 +295,8 @@ def packed_rows(diffusion_model, x, context, payload: dict | None) -> int:
     return int(layout.seq_len)
 
 
-def _verified(device, dtype) -> set[str]:
+def verified_here(device, dtype) -> set[str]:
+    """Kernel properties `verify-kernels` passed for `device` at `dtype` (empty when none or unreadable)."""
     try:
         from h3director.dit.kernels import verified_properties
     except ImportError:
@@ -332,13 +333,13 @@ class DiTMemoryHandle:
     def plan(self) -> DiTMemoryPlan:
         return self.floor
 
-    def choose(self, rows: int, dtype, device) -> tuple[DiTMemoryPlan, dict]:
-        """The tier for a forward of `rows` packed rows; raises `InvalidInputError` / `BudgetError`."""
-        verified = _verified(device, dtype)
+    def choose(self, rows: int, dtype, device, capacity=None) -> tuple[DiTMemoryPlan, dict]:
+        """The tier for a forward of `rows` packed rows; raises `InvalidInputError` / `BudgetError`.
+        `capacity`: a `CapacityCheck` (None: run the floor without one)."""
+        verified = verified_here(device, dtype)
         report: dict[str, Any] = {"rows": rows, "mode": self.mode, "device": str(device)}
         floor = self.floor
         floor.check_fits(self.heads, rows)
-        capacity = self.capacity if self.capacity is not None else _default_capacity(device, self.budget_bytes)
         if capacity is not None:
             decision = capacity.choose(rows, dtype, floor, self.mode, verified)
             plan = decision.plan
@@ -356,13 +357,44 @@ class DiTMemoryHandle:
         return plan, report
 
 
-def _default_capacity(device, budget_bytes):
+def comfy_shape(diffusion_model):
+    """`h3director.plan.activations.DiTShape` of a ComfyUI `MiniMaxH3Model` (read from its modules)."""
+    from h3director.plan.activations import DiTShape
+
+    block = diffusion_model.blocks[0]
+    patch = diffusion_model.patch_size
+    return DiTShape(hidden=int(diffusion_model.hidden_size), heads=int(block.attn.heads),
+                    head_dim=int(block.attn.head_dim), ffn=int(block.mlp.fc2.in_features),
+                    layers=len(diffusion_model.blocks), refiner_layers=len(diffusion_model.token_refiner.blocks),
+                    rotary_dim=6 * int(diffusion_model.rope.inv_freq.shape[0]),
+                    video_patch=int(diffusion_model.latents_dim) * patch[0] * patch[1] * patch[2],
+                    audio_channels=int(diffusion_model.audio_latents_dim),
+                    text_dim=int(diffusion_model.condition_proj.in_features))
+
+
+ATTENTION_LEDGER = {"attention_sage": "sage", "attention3_sage": "sage", "attention_xformers": "efficient",
+                    "attention_basic": "math"}
+"""ComfyUI attention functions -> the planner's attention kinds; any other (PyTorch SDPA, flash, kitchen,
+sub-quadratic, overrides) is priced as a fused kernel ("flash"), and the first measured peak calibrates."""
+
+
+def attention_ledger_kind(transformer_options: dict) -> str:
+    h3, _, _, _ = _comfy()
+    if transformer_options.get("optimized_attention_override") is not None:
+        return "flash"
+    return ATTENTION_LEDGER.get(getattr(h3.optimized_attention, "__name__", ""), "flash")
+
+
+def default_capacity(diffusion_model, device, budget_bytes, transformer_options: dict):
+    """The planner-ledger capacity check for this model and device (`h3director.dit.capacity`); None when
+    that module is not installed."""
     try:
-        from h3director.dit.capacity import CapacityCheck
-        from h3director.plan.activations import comfy_cost_model
+        from h3director.dit.capacity import CapacityCheck, ledger_cost_model
     except ImportError:
         return None
-    return CapacityCheck(comfy_cost_model(), device, budget_bytes=budget_bytes)
+    cost = ledger_cost_model(comfy_shape(diffusion_model), framework="comfy",
+                             attention=attention_ledger_kind(transformer_options), device=device)
+    return CapacityCheck(cost, device, budget_bytes=budget_bytes)
 
 
 class _BlockPatch:
@@ -397,7 +429,9 @@ class _ForwardWrapper:
         model = executor.class_obj
         rows = packed_rows(model, x, context, kwargs.get("minimax_payload"))
         device = context.device
-        plan, report = handle.choose(rows, context.dtype, device)
+        if handle.capacity is None:
+            handle.capacity = default_capacity(model, device, handle.budget_bytes, transformer_options or {})
+        plan, report = handle.choose(rows, context.dtype, device, handle.capacity)
         active = {"model": model, "plan": plan, "kept": set()}
         measure = device.type == "cuda"
         if measure:
@@ -413,9 +447,8 @@ class _ForwardWrapper:
         if measure:
             peak = torch.cuda.max_memory_allocated(device) - base
             report["measured_peak_bytes"] = int(peak)
-            capacity = handle.capacity
-            if capacity is not None and hasattr(capacity, "observe"):
-                capacity.observe(rows, plan, peak)
+            if handle.capacity is not None:
+                report["calibration"] = handle.capacity.observe(rows, plan, peak, context.dtype)
         if report["tier"] != handle.last_report.get("tier") or report["rows"] != handle.last_report.get("rows"):
             log.info("H3 Director DiT memory: %s (%s, %s) for %d rows", report["tier"], report["exactness"],
                      "verified on this device" if report["verified"] else "not verified on this device", rows)

@@ -341,6 +341,63 @@ def run_checks(root: str) -> dict:
                 and equal(reference, out) and comfy_dit.installed_handle(base) is None
                 and comfy_dit.installed_handle(copy) is handle), (before, after)
     check("install/original-untouched-clone-keeps-tier", untouched)
+
+    def node():
+        from h3director.comfy.nodes_dit import DiTMemoryNode
+
+        schema = DiTMemoryNode.GET_SCHEMA()
+        output = DiTMemoryNode.execute(base, "fixed", 2, 3, 0.0)
+        patched = output.result[0]
+        handle = comfy_dit.installed_handle(patched)
+        out = forward(patched, torch.float32)
+        text = output.ui["text"][0]
+        refused = None
+        try:
+            DiTMemoryNode.execute(base, "auto", 3, 1, 0.0)
+        except InvalidInputError as error:
+            refused = str(error)
+        ok = (schema.node_id == "H3DirectorDiTMemory" and schema.display_name == "H3Director DiT Memory"
+              and equal(reference, out) and handle.last_report["tier"] == "2 head groups, 3 FFN row chunks"
+              and "2 head groups, 3 FFN row chunks" in text and refused and "head_chunks=3" in refused
+              and comfy_dit.installed_handle(base) is None)
+        return ok, {"text": text, "refused": refused}
+    check("node/installs-reports-and-refuses", node)
+
+    def capacity():
+        # the real CapacityCheck and planner ledger; the device side is a fixed sample so "have" is known
+        from h3director.core.devices import DeviceSample
+        from h3director.dit.capacity import CapacityCheck, ledger_cost_model
+        from h3director.dit.tiers import LIFETIME_ONLY, DiTMemoryPlan
+        from h3director.errors import BudgetError
+
+        dm = base.model.diffusion_model
+        x, _, context, _ = inputs(torch.float32)
+        rows = comfy_dit.packed_rows(dm, x, context, None)
+        cost = ledger_cost_model(comfy_shape(dm), framework="comfy", attention="flash", device="cpu")
+
+        def check_with(free):
+            sample = DeviceSample("cpu", "cpu", 0, None, None, free, free, 0.0)
+            return CapacityCheck(cost, "cpu", reader=lambda device: sample)
+        probe = check_with(1)
+        need_floor = probe.need_bytes(LIFETIME_ONLY, rows, torch.float32)
+        need_ffn2 = probe.need_bytes(DiTMemoryPlan(ffn_chunks=2), rows, torch.float32)
+        auto, handle = comfy_dit.install(base, mode="auto", capacity=check_with(need_ffn2))
+        out = forward(auto, torch.float32)
+        report = dict(handle.last_report)
+        messages = []
+        for mode in ("auto", "fixed"):
+            refusing, _ = comfy_dit.install(base, mode=mode, capacity=check_with(1))
+            try:
+                forward(refusing, torch.float32)
+            except BudgetError as error:
+                messages.append(str(error))
+        ok = (need_ffn2 < need_floor and equal(reference, out) and report["escalated"]
+              and report["tier"] == "2 FFN row chunks" and report["need_bytes"] == need_ffn2
+              and len(messages) == 2 and all(m.startswith("[Director Safety] CPU memory limit exceeded")
+                                             for m in messages))
+        return ok, {"report": report, "needs": (need_floor, need_ffn2), "messages": messages}
+    from h3director.integrations.comfy_dit import comfy_shape
+    check("capacity/auto-escalates-and-refuses", capacity)
     return results
 
 
