@@ -11,3 +11,5 @@ fi
 # PyTorch is pinned so pip takes the CPU build instead of resolving a multi-GB CUDA build.
 .venv/bin/python -m pip install -q "torch==${H3_TORCH_VERSION:-2.13.0}"
 .venv/bin/python -m pip install -q -e ".[test]"
+# The vendored ComfyUI for the real-ComfyUI tests (skipped with a message when ../shared/vendor is absent).
+bash scripts/setup_comfyui.sh

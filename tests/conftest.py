@@ -7,6 +7,12 @@ from hypothesis import HealthCheck, settings
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
+# Real-ComfyUI tests: unless COMFYUI_DIR is set, use the vendored ComfyUI that scripts/setup.sh prepared
+# in .comfy/ (sets COMFYUI_DIR and COMFYUI_PYTHON; see tests/comfy_harness/vendored.py).
+from comfy_harness.vendored import use_prepared_comfyui  # noqa: E402
+
+use_prepared_comfyui()
+
 # The machines that run the suite are small and shared: a property test's speed says nothing about
 # its correctness, so no per-example deadline and no "too slow" health check.
 settings.register_profile("h3director", deadline=None, suppress_health_check=[HealthCheck.too_slow],

@@ -1,14 +1,16 @@
 """The pack in a REAL ComfyUI: server on loopback (--cpu), pack installed, example workflow queued over HTTP.
 
-Runs only when `COMFYUI_DIR` names a ComfyUI checkout (with H3 support); `COMFYUI_PYTHON` names the
-Python that has ComfyUI's requirements (default: this one). The checkout is only read: models,
-custom nodes, input and output live in a temporary `--base-directory`. The H3 VAEs are ComfyUI's own
+ComfyUI: `COMFYUI_DIR` names a checkout (with H3 support) and `COMFYUI_PYTHON` the Python that has its
+requirements (default: this one). Unset, they default to the vendored snapshot that `scripts/setup.sh`
+prepares in `.comfy/` (`tests/comfy_harness/vendored.py`); without either, the tests skip and say why.
+The checkout is only read: models, custom nodes, input and output live in a temporary
+`--base-directory`; the web frontend is an empty `--front-end-root` (no frontend package needed). The H3 VAEs are ComfyUI's own
 classes at small widths with random weights (`tests/comfy_harness/real_comfy.py`), since the
 released weights are gigabytes.
 
 Checks: the pack loads through ComfyUI's loader and lists its nodes; the example decode workflow
 (`examples/h3_decode_latent_streaming_api.json`) runs; the streaming decode's IMAGE output equals
-core `VAEDecode`'s bit for bit; the AV latent's MP4 has every frame and an audio stream, and the
+core `VAEDecode`'s bit for bit (one clip, two clips with two 256 px spatial tiles, one latent frame); the AV latent's MP4 has every frame and an audio stream, and the
 node's audio equals core `VAEDecodeAudio`'s; the routes answer and validate their inputs.
 """
 
@@ -28,14 +30,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from comfy_harness.vendored import why_unavailable
 
 REPO = Path(__file__).resolve().parents[1]
-COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
+COMFYUI_DIR = os.environ.get("COMFYUI_DIR")  # tests/conftest.py defaults it to the prepared .comfy/ComfyUI
 pytestmark = [
     pytest.mark.comfyui,
     pytest.mark.slow,
-    pytest.mark.skipif(not COMFYUI_DIR, reason="set COMFYUI_DIR to a ComfyUI checkout (and COMFYUI_PYTHON) to run"),
+    pytest.mark.skipif(not COMFYUI_DIR, reason=why_unavailable()),
 ]
+# Latents for the bit-identity test, [B, 24, T, H, W]: (T, H, W) -> (frames, height px, width px).
+# ComfyUI's H3 VAE decodes 5-token chunks with 2 tokens of overlap and 256 px tiles overlapping by at
+# least 64 px, so T=7 is one clip, T=12 two, and W=24 (384 px) two spatial tiles.
+BIT_IDENTITY_LATENTS = {"one_clip": ((7, 8, 8), (22, 128, 128), 1),
+                        "two_clips_two_tiles": ((12, 8, 24), (39, 128, 384), 2),
+                        "one_latent_frame": ((1, 8, 8), (1, 128, 128), 1)}
 START_TIMEOUT_S = 180
 PROMPT_TIMEOUT_S = 300
 
@@ -67,7 +76,7 @@ def _post_json(url: str, body: dict) -> dict:
 def comfy(tmp_path_factory):
     python = os.environ.get("COMFYUI_PYTHON", sys.executable)
     base = tmp_path_factory.mktemp("comfy-base")
-    for folder in ("custom_nodes", "models/vae", "input", "output", "temp", "user"):
+    for folder in ("custom_nodes", "models/vae", "input", "output", "temp", "user", "web"):
         (base / folder).mkdir(parents=True)
     (base / "custom_nodes" / "H3-Director").symlink_to(REPO, target_is_directory=True)
     test_nodes = base / "custom_nodes" / "h3director_test_nodes"
@@ -82,18 +91,19 @@ def comfy(tmp_path_factory):
         f" {str(base / 'models/vae/h3_tiny_audio.safetensors')!r})"
     )
     subprocess.run([python, "-c", make_weights], check=True, cwd=COMFYUI_DIR, timeout=300)
-    latent = torch.randn(1, 24, 7, 8, 8, generator=torch.Generator().manual_seed(11))
     import safetensors.torch
 
-    safetensors.torch.save_file({"latent_tensor": latent, "latent_format_version_0": torch.tensor([])},
-                                str(base / "input" / "h3_video.latent"))
+    for name, (t, h, w) in [("h3_video", (7, 8, 8))] + [(k, v[0]) for k, v in BIT_IDENTITY_LATENTS.items()]:
+        latent = torch.randn(1, 24, t, h, w, generator=torch.Generator().manual_seed(11))
+        safetensors.torch.save_file({"latent_tensor": latent, "latent_format_version_0": torch.tensor([])},
+                                    str(base / "input" / f"{name}.latent"))
 
     port = _free_port()
     log = open(base / "comfyui.log", "w")  # noqa: SIM115 - closed in the finalizer below
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     server = subprocess.Popen(
         [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port), "--base-directory", str(base),
-         "--disable-auto-launch"],
+         "--disable-auto-launch", "--front-end-root", str(base / "web")],
         cwd=COMFYUI_DIR, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -110,7 +120,7 @@ def comfy(tmp_path_factory):
     if server.poll() is not None:
         log.close()
         pytest.fail("ComfyUI did not start:\n" + (base / "comfyui.log").read_text()[-4000:])
-    yield {"url": url, "base": base, "latent": latent}
+    yield {"url": url, "base": base}
     server.terminate()
     try:
         server.wait(timeout=30)
@@ -172,20 +182,26 @@ def test_example_decode_workflow_runs_and_saves_mp4(comfy):
     assert _get(f"{comfy['url']}/h3director/stats?samples=-1")[0] == 400
 
 
-def test_streaming_images_equal_core_vae_decode_bit_for_bit(comfy):
+@pytest.mark.parametrize("case", list(BIT_IDENTITY_LATENTS))
+def test_streaming_images_equal_core_vae_decode_bit_for_bit(comfy, case):
+    frames, height, width = BIT_IDENTITY_LATENTS[case][1]
+    clips = BIT_IDENTITY_LATENTS[case][2]
     workflow = {
-        "1": {"class_type": "LoadLatent", "inputs": {"latent": "h3_video.latent"}},
+        "1": {"class_type": "LoadLatent", "inputs": {"latent": f"{case}.latent"}},
         "2": {"class_type": "VAELoader", "inputs": {"vae_name": "h3_tiny_video.safetensors"}},
         "3": {"class_type": "VAEDecode", "inputs": {"samples": ["1", 0], "vae": ["2", 0]}},
         "4": {"class_type": "H3DirectorDecodeAVStreaming", "inputs": {
             "samples": ["1", 0], "vae": ["2", 0], "output": "images", "filename_prefix": "x", "fps": 24.0, "crf": 18}},
-        "5": {"class_type": "H3TestSaveTensor", "inputs": {"name": "core", "image": ["3", 0]}},
-        "6": {"class_type": "H3TestSaveTensor", "inputs": {"name": "streaming", "image": ["4", 0]}},
+        "5": {"class_type": "H3TestSaveTensor", "inputs": {"name": f"core_{case}", "image": ["3", 0]}},
+        "6": {"class_type": "H3TestSaveTensor", "inputs": {
+            "name": f"streaming_{case}", "image": ["4", 0], "text": ["4", 2]}},
     }
     _run(comfy, workflow)
-    core, streaming = _tensors(comfy, "core")["image"], _tensors(comfy, "streaming")["image"]
-    assert core.shape == (22, 128, 128, 3) and core.dtype == torch.float32
+    core, streaming = _tensors(comfy, f"core_{case}")["image"], _tensors(comfy, f"streaming_{case}")["image"]
+    assert core.shape == (frames, height, width, 3) and core.dtype == torch.float32
     assert torch.equal(core, streaming)
+    report = (comfy["base"] / "output" / "tensors" / f"streaming_{case}.txt").read_text()
+    assert f"frames: {frames} in {clips} clips" in report
 
 
 def test_av_latent_to_mp4_with_audio_equal_to_core_audio_decode(comfy):

@@ -121,7 +121,7 @@ def comfy_audio_vae(seed: int = 0) -> FakeComfyVAE:
 
 
 def vae_decode_node(vae: FakeComfyVAE, latent: dict) -> torch.Tensor:
-    """What ComfyUI's core `VAEDecode.decode` (nodes.py) returns: IMAGE `[B * F, H, W, C]`."""
+    """Core `VAEDecode.decode`'s steps (nodes.py) on a stand-in VAE: IMAGE `[B * F, H, W, C]`."""
     samples = latent["samples"]
     if getattr(samples, "is_nested", False):
         samples = samples.tensors[0]

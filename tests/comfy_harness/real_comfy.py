@@ -9,8 +9,8 @@ blending, finalisation, BigVGAN) are ComfyUI's, unchanged. `write_tiny_weights()
 weights of those shapes in ComfyUI's key layout, which `comfy.sd.VAE` detects as MiniMax H3.
 
 As a custom node folder (`tests/comfy_harness/real_node/__init__.py` loads this file), it also
-registers `H3TestSaveTensor`, which saves an IMAGE or AUDIO waveform as safetensors in the output
-folder so the test can compare tensors bit for bit over the file system.
+registers `H3TestSaveTensor`, which saves an IMAGE or AUDIO waveform as safetensors (and a STRING as
+`<name>.txt`) in the output folder so the test can compare tensors bit for bit over the file system.
 """
 
 from __future__ import annotations
@@ -68,14 +68,14 @@ class H3TestSaveTensor:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"name": ("STRING", {"default": "tensor"})},
-                "optional": {"image": ("IMAGE",), "audio": ("AUDIO",)}}
+                "optional": {"image": ("IMAGE",), "audio": ("AUDIO",), "text": ("STRING", {"forceInput": True})}}
 
     RETURN_TYPES = ()
     FUNCTION = "save"
     OUTPUT_NODE = True
     CATEGORY = "testing"
 
-    def save(self, name, image=None, audio=None):
+    def save(self, name, image=None, audio=None, text=None):
         import folder_paths
         import safetensors.torch
 
@@ -86,7 +86,11 @@ class H3TestSaveTensor:
             tensors["waveform"] = audio["waveform"].contiguous()
         folder = os.path.join(folder_paths.get_output_directory(), "tensors")
         os.makedirs(folder, exist_ok=True)
-        safetensors.torch.save_file(tensors, os.path.join(folder, f"{name}.safetensors"))
+        if tensors:
+            safetensors.torch.save_file(tensors, os.path.join(folder, f"{name}.safetensors"))
+        if text is not None:
+            with open(os.path.join(folder, f"{name}.txt"), "w") as file:
+                file.write(text)
         return {}
 
 
