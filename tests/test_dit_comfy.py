@@ -2,8 +2,9 @@
 real `ModelPatcher` hooks (`patches_replace["dit"]` + `DIFFUSION_MODEL` wrapper), refusing conflicts and bad input.
 
 The checks run in a fresh Python (`tests/comfy_harness/dit_worker.py`) because the pack's other tests
-put stand-in `comfy` modules on sys.path. ComfyUI is found at `COMFYUI_DIR`, else the vendored checkout
-`.comfy/ComfyUI` (scripts/setup_comfyui.sh), else `/tmp/cf/ComfyUI`; without one the tests skip.
+put stand-in `comfy` modules on sys.path. ComfyUI is `COMFYUI_DIR` (tests/conftest.py points it at the
+vendored `.comfy/ComfyUI` that scripts/setup_comfyui.sh prepares) run by `COMFYUI_PYTHON` (default: this
+Python); without one the tests skip with the reason.
 """
 
 from __future__ import annotations
@@ -31,23 +32,29 @@ CHECKS = ([f"exact/{dtype}/{rows}/{plan}" for dtype in ("float32", "bfloat16") f
 
 
 def comfyui_root() -> Path | None:
-    candidates = [os.environ.get("COMFYUI_DIR"), REPO / ".comfy" / "ComfyUI", "/tmp/cf/ComfyUI"]
-    for candidate in candidates:
-        if candidate and (Path(candidate) / "comfy" / "ldm" / "minimax" / "model.py").is_file():
-            return Path(candidate)
+    root = os.environ.get("COMFYUI_DIR")
+    if root and (Path(root) / "comfy" / "ldm" / "minimax" / "model.py").is_file():
+        return Path(root)
     return None
 
 
+def skip_reason() -> str:
+    if os.environ.get("COMFYUI_DIR"):
+        return f"COMFYUI_DIR={os.environ['COMFYUI_DIR']} has no comfy/ldm/minimax/model.py (no H3 support)"
+    from comfy_harness.vendored import why_unavailable
+
+    return why_unavailable()
+
+
 ROOT = comfyui_root()
-pytestmark = [pytest.mark.comfyui,
-              pytest.mark.skipif(ROOT is None, reason="no ComfyUI checkout with H3 support: set COMFYUI_DIR or run "
-                                                      "scripts/setup_comfyui.sh")]
+pytestmark = [pytest.mark.comfyui, pytest.mark.skipif(ROOT is None, reason=skip_reason() if ROOT is None else "")]
 
 
 @pytest.fixture(scope="module")
 def results() -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
-    run = subprocess.run([sys.executable, str(WORKER), str(ROOT)], capture_output=True, text=True, env=env,
+    python = os.environ.get("COMFYUI_PYTHON") or sys.executable
+    run = subprocess.run([python, str(WORKER), str(ROOT)], capture_output=True, text=True, env=env,
                          timeout=600, cwd=REPO)
     lines = [line for line in run.stdout.splitlines() if line.startswith("H3DIT-RESULTS ")]
     assert run.returncode == 0 and lines, f"worker failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-5000:]}"
