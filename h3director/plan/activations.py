@@ -121,27 +121,34 @@ class _DiTLedger(ByteLedger):
     fused_norms: bool = False
 
 
-def _rms_norm(ledger: _DiTLedger, name: str, numel: int, e: int, input_bytes: int, affine: bool) -> None:
+def _rms_norm(ledger: _DiTLedger, name: str, numel: int, e: int, input_bytes: int, affine: bool,
+              width: int | None = None) -> None:
     """PyTorch's composite `rms_norm` (CPU): upcast to float32, x*rsqrt(mean(x^2)+eps), * weight, cast back.
 
-    With fused norms (CUDA's fused kernel) only the output is allocated."""
+    `width` (the normalised last dimension) prices the float32 per-vector `rsqrt`, which lives until
+    the output is made; None leaves it out. With fused norms (CUDA's fused kernel) only the output is
+    allocated."""
     if ledger.fused_norms:
         ledger.alloc(name, numel * input_bytes)
         return
     upcast = input_bytes != FP32
+    vectors = numel // width if width else 0
     if upcast:
         ledger.alloc(name + ".up", numel * FP32)
-    ledger.transient(numel * FP32)                      # pow(x, 2), dead once averaged
+    ledger.transient(numel * FP32 + 2 * vectors * FP32)  # pow(x, 2) with its mean and rsqrt
+    ledger.alloc(name + ".rsqrt", vectors * FP32)
     ledger.alloc(name + ".f32", numel * FP32)
     if affine:
         ledger.alloc(name + ".w32", numel * FP32)
         ledger.free(name + ".f32")
         ledger.rename(name + ".w32", name + ".f32")
     if upcast:
+        ledger.free(name + ".up")
         ledger.alloc(name, numel * input_bytes)
-        ledger.free(name + ".f32", name + ".up")
+        ledger.free(name + ".f32")
     else:
         ledger.rename(name + ".f32", name)
+    ledger.free(name + ".rsqrt")
 
 
 def replay_math_attention(ledger: ByteLedger, score_elements: int, out_bytes: int, e: int,
@@ -286,7 +293,7 @@ def _attention(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attention:
         if last and tier.lifetime:
             ledger.free("m")
         for name in ("q", "k"):
-            _rms_norm(ledger, name + "n", part // e, e, e, affine=True)
+            _rms_norm(ledger, name + "n", part // e, e, e, affine=True, width=shape.head_dim)
             ledger.free(name)
             ledger.rename(name + "n", name)
         if rope:
@@ -349,7 +356,7 @@ def _diffusers_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, atte
     post-attention stream."""
     md = seq * shape.hidden
     _adaln_table(ledger, shape, e, timesteps)
-    _rms_norm(ledger, "n", md, e, e, affine=True)
+    _rms_norm(ledger, "n", md, e, e, affine=True, width=shape.hidden)
     _modulate(ledger, md, e)
     _attention(ledger, shape, seq, e, attention, tier, rope=True)
     if sections is not None:
@@ -358,7 +365,7 @@ def _diffusers_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, atte
     _gated_residual(ledger, md, e, "attn_out", "x1")
     if not tier.lifetime:
         ledger.rename("m", "m_attn")                    # lives until norm2's result is bound
-        _rms_norm(ledger, "n", md, e, e, affine=True)
+        _rms_norm(ledger, "n", md, e, e, affine=True, width=shape.hidden)
         ledger.free("m_attn")
         _modulate(ledger, md, e)
         _swiglu_ffn(ledger, shape, seq, e)
@@ -370,7 +377,7 @@ def _diffusers_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, atte
         ledger.free("attn_out")
         rows = first_range_rows(seq, tier.ffn_chunks)
         mr = rows * shape.hidden
-        _rms_norm(ledger, "n", mr, e, e, affine=True)
+        _rms_norm(ledger, "n", mr, e, e, affine=True, width=shape.hidden)
         _modulate(ledger, mr, e)
         _swiglu_ffn(ledger, shape, rows, e, free_input="m")
         ledger.alloc("gate", mr * e)
@@ -400,7 +407,7 @@ def _comfy_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attentio
     output, and `addcmul_` into x's rows."""
     md = seq * shape.hidden
     _adaln_table(ledger, shape, e, timesteps)
-    _rms_norm(ledger, "h", md, e, e, affine=True)       # then scaled and shifted in place
+    _rms_norm(ledger, "h", md, e, e, affine=True, width=shape.hidden)       # then scaled and shifted in place
     groups = tier.head_chunks
     heads = shape.heads // groups
     part = seq * heads * shape.head_dim * e
@@ -429,7 +436,7 @@ def _comfy_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attentio
         ledger.reset_peak()
     ledger.free("attn_out")                             # after addcmul_ into x
     rows = first_range_rows(seq, tier.ffn_chunks) if tier.lifetime else seq
-    _rms_norm(ledger, "h2", rows * shape.hidden, e, e, affine=True)
+    _rms_norm(ledger, "h2", rows * shape.hidden, e, e, affine=True, width=shape.hidden)
     if not tier.lifetime:
         ledger.free("h")                                # the stock block rebinds h to norm2's result
     ledger.alloc("fc1", rows * 2 * shape.ffn * e)
@@ -463,12 +470,12 @@ def _dit_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attention:
 def _refiner_block(ledger: ByteLedger, shape: DiTShape, seq: int, e: int, attention: str) -> None:
     """One `MiniMaxH3TokenRefinerBlock` on "t" -> new "t" (no modulation, no rotary)."""
     md = seq * shape.hidden
-    _rms_norm(ledger, "m", md, e, e, affine=True)
+    _rms_norm(ledger, "m", md, e, e, affine=True, width=shape.hidden)
     _attention(ledger, shape, seq, e, attention, BlockTier(), rope=False)
     ledger.free("m")
     ledger.alloc("t1", md * e)
     ledger.free("attn_out")
-    _rms_norm(ledger, "m", md, e, e, affine=True)
+    _rms_norm(ledger, "m", md, e, e, affine=True, width=shape.hidden)
     _swiglu_ffn(ledger, shape, seq, e)
     ledger.free("m")
     ledger.alloc("t2", md * e)
