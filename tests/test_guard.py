@@ -301,3 +301,29 @@ def test_the_message_names_the_guarded_device():
 
     with pytest.raises(MemoryLimitExceeded, match=r"^\[Director Safety\] CPU memory limit exceeded .*out of memory on cpu"):
         cpu.run(fail, what="fail")
+
+
+def test_a_real_cpu_allocation_failure_counts_as_out_of_memory():
+    """The CPU allocator's own failure (not an injected exception type) takes the guard's action, in the
+    `run` form and in the `with` form; an unrelated RuntimeError passes through untouched."""
+    sim = SimulatedDevice()
+    guard = _guard(sim, action="reduce_batch", reducer=lambda b: b // 2)
+    calls = []
+
+    def step(batch_size):
+        calls.append(batch_size)
+        if batch_size > 2:
+            torch.empty(2**50 * batch_size, dtype=torch.uint8)   # a real "DefaultCPUAllocator" failure
+        return batch_size
+
+    assert guard.run(step, batch_size=8, what="upscale") == 2
+    assert calls == [8, 4, 2] and [e.cause for e in guard.events] == ["oom", "oom"]
+
+    with pytest.raises(MemoryLimitExceeded, match="out of memory"), guard.watch("decode"):
+        torch.empty(2**50, dtype=torch.uint8)
+
+    def broken(batch_size):
+        raise RuntimeError("shape mismatch")
+
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        guard.run(broken, batch_size=4)

@@ -10,7 +10,8 @@ A guard has a device budget (``max_gpu_memory_mb``; compared with
 - The watch: while a guarded step runs, a sampler thread reads the device (and host) every
   ``poll_interval_ms`` and once more at the start and end; a step may call ``guard.check()`` between
   pieces of work to stop as soon as the budget is crossed. An out-of-memory error raised by the step
-  (``torch.OutOfMemoryError``) counts as exceeding the budget.
+  (what `h3director.core.oom.is_out_of_memory` recognises: ``torch.OutOfMemoryError``, the CPU allocator's
+  "can't allocate memory", MPS and CUDA allocation failures) counts as exceeding the budget.
 - On exceeding, the configured action runs:
   ``stop_and_clear``: free caches (``gc.collect`` and the device's ``empty_cache``), then raise
   `MemoryLimitExceeded` ("[Director Safety] GPU memory limit exceeded in phase ... on cuda:0 ..."
@@ -38,6 +39,7 @@ from typing import Any
 
 import torch
 
+from h3director.core.oom import is_out_of_memory
 from h3director.errors import H3DirectorError, InvalidInputError
 from h3director.units import format_size
 
@@ -198,7 +200,7 @@ class _BlockWatch:
         watch.__exit__(exc_type, exc, tb)
         if exc_type is not None and issubclass(exc_type, _Exceeded):
             self.guard._give_up(exc.error, exc.cause, None, self.guard.device)
-        if exc_type is not None and issubclass(exc_type, torch.OutOfMemoryError):
+        if exc is not None and is_out_of_memory(exc):
             error = self.guard._oom_error(self.phase, self.guard.device, watch)
             self.guard._give_up(error, "oom", None, self.guard.device, cause_exc=exc)
         if exc_type is None and watch.exceeded is not None:
@@ -358,8 +360,10 @@ class MemoryGuard:
         try:
             with watch:
                 result = step(*args, **kwargs)
-        except torch.OutOfMemoryError as oom:
-            raise _Exceeded(self._oom_error(what, device, watch), "oom") from oom
+        except Exception as error:
+            if not is_out_of_memory(error):
+                raise
+            raise _Exceeded(self._oom_error(what, device, watch), "oom") from error
         if watch.exceeded is not None:
             del result
             raise _Exceeded(watch.exceeded, "watch")
