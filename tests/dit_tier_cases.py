@@ -9,12 +9,16 @@ residual). Tiers run through the project's adapters (`h3director.integrations.di
 frameworks. Shared by `tests/test_plan_dit_tiers.py`.
 
 ComfyUI is imported from `COMFYUI_DIR`, /work/main/.comfy/ComfyUI or /tmp/cf/ComfyUI (the first that
-exists), with its arguments parsed as `--cpu --use-pytorch-cross-attention`.
+exists), with its arguments parsed as `--cpu --use-pytorch-cross-attention`, in a fresh Python
+(`measure_comfy_blocks` runs this file as a script): the pack's other tests put stand-in `comfy` modules
+on sys.path (tests/comfy_harness/stubs), and the real ComfyUI cannot share a process with them.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -153,3 +157,23 @@ def measure_comfy_block(rows: int, dtype: torch.dtype, plan: dict | None = None,
     finally:
         model_module.optimized_attention = stock
     return tracker.peak_bytes + x.nbytes
+
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def measure_comfy_blocks(cases: list[tuple[int, str, dict | None]]) -> list[int]:
+    """`measure_comfy_block` for each `(rows, "fp32" | "bf16", plan)` case, in one fresh Python."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "tests")]))
+    run = subprocess.run([sys.executable, __file__, json.dumps(cases)], capture_output=True, text=True, env=env,
+                         cwd=str(root), timeout=900)
+    if run.returncode != 0:
+        raise RuntimeError(f"ComfyUI block measurement failed:\n{run.stderr[-4000:]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":
+    warnings.simplefilter("ignore")
+    cases = json.loads(sys.argv[1])
+    print(json.dumps([measure_comfy_block(rows, _DTYPES[dtype], plan) for rows, dtype, plan in cases]))
