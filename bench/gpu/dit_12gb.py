@@ -3,7 +3,7 @@
     COMFYUI_DIR=/path/to/ComfyUI python bench/gpu/dit_12gb.py [--out results.json] [--card-gb 12]
         [--mode auto] [--layers 50] [--width 1344 --height 768 --frames 362] [--kernel-rows 8192]
 
-Needs a CUDA GPU with room for the weights (50 blocks at bf16 are about 65 GB: an 80 GB card or larger)
+Needs a CUDA GPU with room for the weights (61.7 GiB at bf16, 1.20 GiB per block: an 80 GB card or larger)
 and ComfyUI's source tree ($COMFYUI_DIR, else .comfy/ComfyUI under the repository). Without a GPU it says
 so and exits 2; `--smoke` runs the same steps at toy widths on any device (the CPU included) to check
 the plumbing, without the memory cap.
@@ -33,6 +33,9 @@ Steps, each recorded in the JSON (written to --out, else $OUT/dit_12gb.json, els
    report (tier, exactness, verified), and `torch.equal` against the reference.
 
 Absolute times are from the GPU that ran it; compare tiers by the ratio to the reference run.
+Known risk at 362 frames: the packed sequence (109,574 rows) times the fused QKV width (21,504) is over 2**31
+elements, past which 32-bit offsets overflow (../shared/h3-facts.md); a kernel with 32-bit indexing fails or
+misbehaves there in the stock run as well, and the JSON's `nonfinite` counts and error lines show it.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ SMOKE_CONFIG = {"hidden_size": 256, "num_layers": 2, "token_refiner_num_layers":
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="Needs a CUDA GPU (about 65 GB free for the weights) unless --smoke.")
+                                     epilog="Needs a CUDA GPU (about 62 GiB free for the weights) unless --smoke.")
     parser.add_argument("--out", default=None, help="JSON output (default $OUT/dit_12gb.json or ./dit_12gb.json)")
     parser.add_argument("--card-gb", type=float, default=12.0, help="emulated card size in GiB (default 12)")
     parser.add_argument("--mode", default="auto", choices=("auto", "exact only", "fixed"), help="node mode")
