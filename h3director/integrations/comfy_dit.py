@@ -314,7 +314,9 @@ class DiTMemoryHandle:
 
     `last_report` (after a forward): tier (`describe()`), plan (`as_dict()`), exactness, verified (every
     property the tier relies on passed `verify-kernels` on this device), rows, need_bytes/have_bytes
-    (when a capacity check ran), kept_stock (projections that kept their stock call), escalated.
+    (when a capacity check ran; have includes `reclaimable_bytes`, the weights Dynamic VRAM would evict),
+    kept_stock (projections that kept their stock call), escalated, and on CUDA measured_peak_bytes (above
+    what was allocated before the forward) and the capacity check's calibration after it.
     """
 
     floor: DiTMemoryPlan
@@ -326,8 +328,13 @@ class DiTMemoryHandle:
     last_report: dict = field(default_factory=dict)
     reports: int = 0
     block_calls: int = 0
-    _active: Any = None
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    own_capacity: bool = False
+    _local: threading.local = field(default_factory=threading.local)
+
+    @property
+    def _active(self):
+        """The forward running on this thread: diffusion model, tier, kept-stock notes (None outside one)."""
+        return getattr(self._local, "active", None)
 
     @property
     def plan(self) -> DiTMemoryPlan:
@@ -397,6 +404,22 @@ def default_capacity(diffusion_model, device, budget_bytes, transformer_options:
     return CapacityCheck(cost, device, budget_bytes=budget_bytes)
 
 
+def reclaimable_weight_bytes(diffusion_model) -> int:
+    """Weight bytes ComfyUI's Dynamic VRAM would evict to make room for activations: what the dynamic
+    patcher running `diffusion_model` has resident (`loaded_size()`), less one block (the block being run
+    keeps its weights). 0 when the model is not loaded through a dynamic patcher."""
+    _, mm, _, _ = _comfy()
+    for loaded in list(getattr(mm, "current_loaded_models", ())):
+        patcher = loaded.model
+        if patcher is None or getattr(getattr(patcher, "model", None), "diffusion_model", None) is not diffusion_model:
+            continue
+        if not patcher.is_dynamic():
+            return 0
+        block = sum(p.numel() * p.element_size() for p in diffusion_model.blocks[0].parameters())
+        return max(int(patcher.loaded_size()) - block, 0)
+    return 0
+
+
 class _BlockPatch:
     """The `patches_replace["dit"][("double_block", i)]` entry: runs block `index` under the tier the
     wrapper chose for this forward; the stock block when no forward of ours is active."""
@@ -431,18 +454,23 @@ class _ForwardWrapper:
         device = context.device
         if handle.capacity is None:
             handle.capacity = default_capacity(model, device, handle.budget_bytes, transformer_options or {})
+            handle.own_capacity = handle.capacity is not None
+        if handle.own_capacity:
+            handle.capacity.reclaimable_bytes = reclaimable_weight_bytes(model)
         plan, report = handle.choose(rows, context.dtype, device, handle.capacity)
+        if handle.own_capacity:
+            report["reclaimable_bytes"] = handle.capacity.reclaimable_bytes
         active = {"model": model, "plan": plan, "kept": set()}
         measure = device.type == "cuda"
         if measure:
             base = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
-        with handle._lock:
-            handle._active = active
-            try:
-                out = executor(x, timestep, context, transformer_options, *args, **kwargs)
-            finally:
-                handle._active = None
+        outer = handle._active
+        handle._local.active = active
+        try:
+            out = executor(x, timestep, context, transformer_options, *args, **kwargs)
+        finally:
+            handle._local.active = outer
         report["kept_stock"] = sorted(active["kept"])
         if measure:
             peak = torch.cuda.max_memory_allocated(device) - base

@@ -359,8 +359,10 @@ def run_checks(root: str) -> dict:
         ok = (schema.node_id == "H3DirectorDiTMemory" and schema.display_name == "H3Director DiT Memory"
               and equal(reference, out) and handle.last_report["tier"] == "2 head groups, 3 FFN row chunks"
               and "2 head groups, 3 FFN row chunks" in text and refused and "head_chunks=3" in refused
+              and handle.last_report["need_bytes"] > 0 and handle.last_report["have_bytes"] > 0
+              and handle.last_report["reclaimable_bytes"] == 0  # not a Dynamic VRAM patcher on the CPU
               and comfy_dit.installed_handle(base) is None)
-        return ok, {"text": text, "refused": refused}
+        return ok, {"text": text, "refused": refused, "report": handle.last_report}
     check("node/installs-reports-and-refuses", node)
 
     def capacity():
