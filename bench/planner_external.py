@@ -113,8 +113,9 @@ def rows() -> list[Row]:
                    "as above, q/k/v projected 14 heads at a time"))
     out.append(Row("saving from 4 head chunks", cond, (plain - chunked) / MiB, 16_702 - 13_475, "MiB",
                    "difference of the two rows (weights cancel)",
-                   "unchunked, the FFN half is our peak and head chunks cannot lower it; with 4 FFN chunks "
-                   f"the saving is {(ffn4[0] - ffn4[1]) / MiB:,.0f} MiB (the source's FFN path is not stated)"))
+                   "ours is the diffusers adapter's tier (lifetime frees, 4 head groups, FFN unchunked), where the "
+                   "FFN half stays the peak; with 4 FFN chunks the head groups save "
+                   f"{(ffn4[0] - ffn4[1]) / MiB:,.0f} MiB (the source's chunking code and FFN path are not stated)"))
 
     # RTX 4090, 1344x768, 362 frames: attention peak ~17.8 GiB, FFN 9-12 GiB.
     cond = "RTX 4090, 1344x768, 362 frames (ComfyUI-h3-explorations h3_geometry_and_nodes.md)"
@@ -124,7 +125,9 @@ def rows() -> list[Row]:
                    "one block's activations at S=113,406, Sage, no weights",
                    "the source's figure includes resident weights it does not state (~7 GiB would close it)"))
     ffn2 = dit_block_section_peaks(shape, seq, "bf16", attention="sage", ffn_chunks=2, fused_norms=True)
-    out.append(Row("FFN peak", cond, ffn2["ffn"] / GiB, 10.5, "GiB", "2 FFN chunks (reported range 9-12, mid 10.5)"))
+    out.append(Row("FFN peak", cond, ffn2["ffn"] / GiB, 10.5, "GiB", "2 FFN chunks (reported range 9-12, mid 10.5)",
+                   "ours is the adapter's 2-chunk tier, which also frees by lifetime (modulated input after fc1, "
+                   "attention output after its residual); the source's chunked FFN keeps its own lifetimes (not stated)"))
 
     # RTX 4060 Ti 16 GB, 736x416, 124 frames, pruned int8 + nvfp4 TE: 16,338 MiB at the A/V decode.
     cond = "RTX 4060 Ti 16 GB, 736x416, 124 frames, pruned int8 DiT + nvfp4 TE (comfyui-minimax-h3-audio-T8)"

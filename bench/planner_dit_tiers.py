@@ -1,0 +1,55 @@
+"""Per-block ledger vs measured peak for every DiT memory tier, diffusers and ComfyUI (docs/PLANNER.md).
+
+One real block at small widths on the CPU (tests/dit_tier_cases.py): diffusers' block stock and through
+`apply_memory_plan`, ComfyUI's `DiTBlock` stock and through `comfy_dit.run_block` (in a fresh Python),
+measured with `LiveBytesTracker`; predicted by `h3director.plan.activations.dit_block_peak_bytes`.
+
+Run: OMP_NUM_THREADS=2 .venv/bin/python bench/planner_dit_tiers.py
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+import warnings
+from datetime import datetime, timezone
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+
+import torch  # noqa: E402
+from dit_tier_cases import (  # noqa: E402
+    comfy_root,
+    dit_shape_comfy,
+    dit_shape_diffusers,
+    measure_comfy_blocks,
+    measure_diffusers_block,
+)
+from test_plan_dit_tiers import ROWS, TIERS, _predict  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def main() -> None:
+    warnings.simplefilter("ignore")
+    print(f"# DiT block ledgers per tier, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {ROWS} rows, "
+          f"hidden 64, 4 heads x 16, FFN 160")
+    print("| framework | tier | dtype | measured peak (B) | ledger (B) | error |")
+    print("|---|---|---|---:|---:|---:|")
+    keys = [(tier, dtype) for tier in TIERS for dtype in DTYPES]
+    comfy = dict(zip(keys, measure_comfy_blocks([(ROWS, d, TIERS[t]) for t, d in keys]), strict=True)) \
+        if comfy_root() else {}
+    for framework, shape in (("diffusers", dit_shape_diffusers()), ("comfy", dit_shape_comfy())):
+        for tier, dtype in keys:
+            if framework == "diffusers":
+                measured = measure_diffusers_block(ROWS, DTYPES[dtype], TIERS[tier])
+            elif (tier, dtype) in comfy:
+                measured = comfy[(tier, dtype)]
+            else:
+                continue
+            predicted = _predict(shape, framework, DTYPES[dtype], TIERS[tier])
+            print(f"| {framework} | {tier} | {dtype} | {measured:,} | {predicted:,} | "
+                  f"{predicted / measured - 1:+.2%} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
