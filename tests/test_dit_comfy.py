@@ -51,8 +51,11 @@ pytestmark = [pytest.mark.comfyui, pytest.mark.skipif(ROOT is None, reason=skip_
 
 
 @pytest.fixture(scope="module")
-def results() -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+def results(tmp_path_factory) -> dict:
+    # an empty kernel cache: nothing counts as verified, whatever verify-kernels wrote on this machine
+    cache = tmp_path_factory.mktemp("kernels") / "kernels.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"),
+           "H3_KERNEL_CACHE": str(cache)}
     python = os.environ.get("COMFYUI_PYTHON") or sys.executable
     run = subprocess.run([python, str(WORKER), str(ROOT)], capture_output=True, text=True, env=env,
                          timeout=600, cwd=REPO)

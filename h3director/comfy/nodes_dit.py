@@ -39,6 +39,19 @@ def install_summary(handle, device, dtype) -> str:
     return "\n".join(lines)
 
 
+def check_exact_only(floor, device, dtype) -> None:
+    """'exact only' starts from settings whose kernel properties `verify-kernels` passed here, or refuses."""
+    from h3director.errors import InvalidInputError
+    from h3director.integrations.comfy_dit import verified_here
+
+    missing = sorted(set(floor.relies_on) - verified_here(device, dtype))
+    if missing:
+        raise InvalidInputError(
+            f"mode 'exact only' with {floor.describe()} relies on {', '.join(missing)}, not verified on {device} "
+            f"({dtype}): run `h3director verify-kernels` on this machine, use head_chunks=1 and ffn_chunks=1 (exact by "
+            "construction), or mode auto / fixed")
+
+
 class DiTMemoryNode(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -74,5 +87,7 @@ class DiTMemoryNode(io.ComfyNode):
                                   budget_bytes=budget)
         inner = getattr(model, "model", None)
         dtype = inner.get_dtype_inference() if hasattr(inner, "get_dtype_inference") else None
+        if mode == "exact only":
+            check_exact_only(handle.floor, model.load_device, dtype)
         summary = install_summary(handle, model.load_device, dtype)
         return io.NodeOutput(patched, ui={"text": (summary,)})
