@@ -9,6 +9,7 @@ from comfy_api.latest import ComfyExtension, io
 from h3director.comfy.nodes_decode import DecodeAVStreaming
 from h3director.comfy.nodes_dit import DiTMemoryNode
 from h3director.comfy.nodes_frames import FrameOffset
+from h3director.comfy.nodes_gguf import GGUFDiTLoader
 from h3director.comfy.nodes_guard import MemoryGuardNode
 from h3director.comfy.nodes_monitor import MonitorStart, MonitorStop
 from h3director.comfy.nodes_plan import PlanNode
@@ -16,7 +17,7 @@ from h3director.comfy.nodes_shared import SharedRead, SharedWrite
 
 NODES: list[type[io.ComfyNode]] = [
     DecodeAVStreaming, MonitorStart, MonitorStop, MemoryGuardNode, SharedWrite, SharedRead, FrameOffset, PlanNode,
-    DiTMemoryNode,
+    DiTMemoryNode, GGUFDiTLoader,
 ]
 
 

@@ -1,0 +1,72 @@
+"""GGUF H3 DiT in ComfyUI's real model code: `torch.equal` to the stock loader on the dequantised tensors
+(Q8_0, Q4_0, Q5_1; float32 and bfloat16; unpruned and curve form), LoRA on the fly (full load and lowvram),
+composition with the DiT Memory node, the per-layer dequant peak, the node, and refusals.
+
+The checks run in a fresh Python (`tests/comfy_harness/gguf_worker.py`), as tests/test_dit_comfy.py does.
+ComfyUI is `COMFYUI_DIR` (the vendored `.comfy/ComfyUI` by default); the worker's Python is
+`COMFYUI_PYTHON` when that one has `gguf`, else this Python. Without ComfyUI the tests skip with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+WORKER = REPO / "tests" / "comfy_harness" / "gguf_worker.py"
+CHECKS = [f"exact/{q}/{d}" for q in ("Q8_0", "Q4_0", "Q5_1") for d in ("float32", "bfloat16")] + [
+    "exact/curve-form-Q8_0", "accepts/wan-label-and-prefix", "refuse/architecture-truncated-missing",
+    "lora/full-load-on-the-fly", "lora/lowvram-weight-function", "compose/dit-memory-node",
+    "memory/per-layer-dequant-peak", "node/lists-loads-refuses"]
+
+
+def comfyui_root() -> Path | None:
+    root = os.environ.get("COMFYUI_DIR")
+    if root and (Path(root) / "comfy" / "ldm" / "minimax" / "model.py").is_file():
+        return Path(root)
+    return None
+
+
+def skip_reason() -> str:
+    if os.environ.get("COMFYUI_DIR"):
+        return f"COMFYUI_DIR={os.environ['COMFYUI_DIR']} has no comfy/ldm/minimax/model.py (no H3 support)"
+    from comfy_harness.vendored import why_unavailable
+
+    return why_unavailable()
+
+
+def worker_python() -> str:
+    python = os.environ.get("COMFYUI_PYTHON")
+    if python and subprocess.run([python, "-c", "import gguf"], capture_output=True).returncode == 0:
+        return python
+    return sys.executable
+
+
+ROOT = comfyui_root()
+pytestmark = [pytest.mark.comfyui, pytest.mark.skipif(ROOT is None, reason=skip_reason() if ROOT is None else "")]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    tmp = tmp_path_factory.mktemp("gguf")
+    run = subprocess.run([worker_python(), str(WORKER), str(ROOT), str(tmp)], capture_output=True, text=True,
+                         env=env, timeout=900, cwd=REPO)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("H3GGUF-RESULTS ")]
+    assert run.returncode == 0 and lines, f"worker failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-5000:]}"
+    return json.loads(lines[-1][len("H3GGUF-RESULTS "):])
+
+
+def test_worker_ran_every_check(results):
+    assert sorted(results) == sorted(CHECKS)
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_check(results, name):
+    entry = results[name]
+    assert entry["ok"], entry["detail"]
