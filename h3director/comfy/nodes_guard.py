@@ -35,17 +35,14 @@ def forward_tokens(x) -> int:
 
 
 def dit_shape_of(diffusion_model):
-    """`DiTShape` of ComfyUI's H3 DiT from its modules (the released widths for anything else)."""
+    """`DiTShape` of ComfyUI's H3 DiT (`comfy_dit.comfy_shape`); the released widths for anything else."""
     from h3director.plan.activations import DiTShape
 
-    blocks = getattr(diffusion_model, "blocks", None)
     try:
-        block = blocks[0]
-        inv_freq = diffusion_model.rope.inv_freq
-        return DiTShape(hidden=int(diffusion_model.hidden_size), heads=int(block.attn.heads),
-                        head_dim=int(block.attn.head_dim), ffn=int(block.mlp.fc2.in_features),
-                        layers=len(blocks), rotary_dim=6 * int(inv_freq.numel()))
-    except (AttributeError, IndexError, TypeError):
+        from h3director.integrations.comfy_dit import comfy_shape
+
+        return comfy_shape(diffusion_model)
+    except (AttributeError, IndexError, TypeError, ImportError):
         return DiTShape()
 
 
