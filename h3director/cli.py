@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "doctor": "doctor",
     "config": "config",
     "verify-kernels": "verify_kernels",
+    "weights": "weights",
 }
 
 

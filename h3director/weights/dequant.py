@@ -57,14 +57,15 @@ def _qtype_name(qtype: Any) -> str:
                             f"supported: {', '.join((*FLOATS, *QUANTISED))}")
 
 
-def tensor_nbytes(qtype: Any, shape: tuple[int, ...]) -> int:
-    """Bytes a tensor of `qtype` and torch `shape` occupies (its last dim must hold whole blocks)."""
+def tensor_nbytes(qtype: Any, shape: tuple[int, ...], *, rows_checked: bool = False) -> int:
+    """Bytes a tensor of `qtype` and torch `shape` occupies. Its last dim must hold whole blocks, unless
+    `rows_checked` (the GGUF reader checked the stored rows; ``orig_shape`` may differ from them)."""
     name = _qtype_name(qtype)
     count = math.prod(shape)
     if name in FLOATS:
         return count * (4 if name == "F32" else 2)
     values, nbytes = dequant_torch.BLOCKS[name]
-    if not shape or shape[-1] % values:
+    if count % values or not rows_checked and (not shape or shape[-1] % values):
         raise InvalidInputError(f"{name} tensor of shape {list(shape)}: its rows must hold whole {values}-value blocks")
     return count // values * nbytes
 
@@ -80,7 +81,8 @@ def dequantize_tensor(info_or_raw: Any, qtype: Any = None, shape: tuple[int, ...
     the CPU, torch elsewhere); "torch" forces the torch kernels, "c"/"numpy" force a native backend on the CPU.
     Raises `InvalidInputError` for an unsupported type or a byte count that does not match type x shape.
     """
-    if hasattr(info_or_raw, "raw") and hasattr(info_or_raw, "qtype"):
+    rows_checked = hasattr(info_or_raw, "raw") and hasattr(info_or_raw, "qtype")
+    if rows_checked:
         raw, qtype = info_or_raw.raw, info_or_raw.qtype if qtype is None else qtype
         shape = tuple(info_or_raw.shape) if shape is None else tuple(shape)
     else:
@@ -93,7 +95,7 @@ def dequantize_tensor(info_or_raw: Any, qtype: Any = None, shape: tuple[int, ...
     if raw_np.dtype != np.uint8:
         raise InvalidInputError(f"dequantize_tensor: raw bytes must be uint8, got {raw_np.dtype}")
     raw_np = raw_np.reshape(-1)
-    expected = tensor_nbytes(name, shape)
+    expected = tensor_nbytes(name, shape, rows_checked=rows_checked)
     if raw_np.size != expected:
         raise InvalidInputError(f"{name} tensor of shape {list(shape)} needs {expected} bytes, got {raw_np.size}")
     device = torch.device(device)

@@ -1,0 +1,165 @@
+"""Check a weight file: its header and offsets (validated on open), a SHA-256 per tensor, and, against
+another file, that every tensor holds what it should.
+
+Comparisons, per tensor present in both files (names matched after removing an all-in-one prefix):
+
+- same storage type: the stored bytes are identical ("identical bytes");
+- this file quantised, the other float: re-encoding the other file's values with the same quantiser
+  (``gguf.quants.quantize`` or `kquant`) gives exactly this file's bytes ("re-quantises identically"),
+  and the largest absolute difference after dequantisation is reported;
+- both float, different types: this file's values equal the other file's cast to this file's type
+  ("equal after cast"; what `slim --dtype` and `convert`'s kept tensors must satisfy);
+- anything else is a mismatch. Tensors only in this file are a failure; tensors only in the other file are
+  listed but expected (a converted or slimmed file holds a subset).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from h3director.weights.files import WeightFile, open_weights
+from h3director.weights.h3_keys import COMPONENT_PREFIXES
+
+FLOAT_TYPES = ("F64", "F32", "F16", "BF16")  # widest first
+_TORCH = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+@dataclass
+class TensorCheck:
+    name: str
+    type: str
+    nbytes: int
+    sha256: str
+    status: str = ""          # "" without --against; else "identical bytes", ..., "MISMATCH: ..."
+    max_abs_diff: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.status.startswith(("MISMATCH", "ERROR"))
+
+
+@dataclass
+class VerifyReport:
+    path: str
+    kind: str
+    tensors: list[TensorCheck] = field(default_factory=list)
+    against: str | None = None
+    only_here: list[str] = field(default_factory=list)
+    only_there: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(t.ok for t in self.tensors) and not (self.against and self.only_here)
+
+
+def _sha256(source: WeightFile, name: str) -> str:
+    digest = hashlib.sha256()
+    for chunk in source.raw_chunks(name):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _bare(name: str) -> str:
+    for prefixes in COMPONENT_PREFIXES.values():
+        for prefix in prefixes:
+            if name.startswith(prefix):
+                return name[len(prefix):]
+    return name
+
+
+def verify(path: str | os.PathLike, against: str | os.PathLike | None = None) -> VerifyReport:
+    """Validate `path`, hash every tensor, and compare with `against` when given (see the module docstring)."""
+    with open_weights(path) as source:
+        report = VerifyReport(str(path), source.kind, against=None if against is None else str(against))
+        other = open_weights(against) if against is not None else None
+        try:
+            there = {_bare(n): n for n in other.entries} if other else {}
+            here = {_bare(n): n for n in source.entries}
+            for bare, name in here.items():
+                entry = source.entries[name]
+                check = TensorCheck(name, entry.type, entry.nbytes, _sha256(source, name))
+                if other is not None:
+                    if bare not in there:
+                        report.only_here.append(name)
+                    else:
+                        _compare(check, source, name, other, there[bare])
+                report.tensors.append(check)
+            if other is not None:
+                report.only_there = [there[b] for b in there if b not in here]
+        finally:
+            if other is not None:
+                other.close()
+    return report
+
+
+def _compare(check: TensorCheck, source: WeightFile, name: str, other: WeightFile, other_name: str) -> None:
+    import torch
+
+    mine, theirs = source.entries[name], other.entries[other_name]
+    if tuple(mine.shape) != tuple(theirs.shape):
+        check.status = f"MISMATCH: shape {list(mine.shape)} vs {list(theirs.shape)}"
+        return
+    if mine.type == theirs.type:
+        same = check.sha256 == _sha256(other, other_name)
+        check.status = "identical bytes" if same else "MISMATCH: bytes differ"
+        return
+    if mine.type in FLOAT_TYPES and (theirs.type in FLOAT_TYPES or theirs.type.startswith("F8")):
+        dtype = getattr(torch, _TORCH[mine.type])
+        a, b = source.load(name), other.load(other_name, dtype)
+        equal = _same_bits(a, b)
+        check.status = (f"equal after cast to {mine.type}" if equal else
+                        f"MISMATCH: values differ from the other file's cast to {mine.type}")
+        return
+    if theirs.type in FLOAT_TYPES or theirs.type.startswith("F8"):
+        values = other.load(other_name, torch.float32)
+        row = source.file.tensors[name].ggml_shape[0] if source.kind == "gguf" else mine.shape[-1]
+        encoded = _encode(values.numpy().reshape(-1, row), mine.type)
+        if encoded is None:
+            check.status = f"MISMATCH: cannot re-encode {mine.type}"
+            return
+        stored = np.concatenate([np.frombuffer(c, np.uint8) for c in source.raw_chunks(name)]) if mine.nbytes else \
+            np.zeros(0, np.uint8)
+        decoded = source.load(name, torch.float32)
+        check.max_abs_diff = float((decoded - values).abs().max()) if values.numel() else 0.0
+        same = encoded.reshape(-1).view(np.uint8).tobytes() == stored.tobytes()
+        check.status = "re-quantises identically" if same else "MISMATCH: re-quantised bytes differ"
+        return
+    check.status = f"MISMATCH: cannot compare {mine.type} with {theirs.type}"
+
+
+def _same_bits(a, b) -> bool:
+    """Equal values, NaN where the other has NaN."""
+    import torch
+
+    nan = torch.isnan(a)
+    return bool(torch.equal(nan, torch.isnan(b)) and torch.equal(a[~nan], b[~nan]))
+
+
+def _encode(values: np.ndarray, type_name: str) -> np.ndarray | None:
+    from gguf import GGMLQuantizationType, quants
+
+    from h3director.weights import kquant
+
+    rows = values
+    try:
+        return quants.quantize(rows, GGMLQuantizationType[type_name])
+    except NotImplementedError:
+        if type_name in kquant.ENCODERS:
+            return kquant.quantize(rows, type_name)
+        return None
+
+
+def summary_line(report: VerifyReport) -> str:
+    """One line: tensors, bytes, and the outcome."""
+    total = sum(t.nbytes for t in report.tensors)
+    text = f"{report.path}: {report.kind}, {len(report.tensors)} tensors, {total:,} bytes, header and offsets valid"
+    if report.against:
+        bad = [t for t in report.tensors if not t.ok]
+        text += (f"; against {report.against}: {len(report.tensors) - len(bad) - len(report.only_here)} match, "
+                 f"{len(bad)} mismatch, {len(report.only_here)} only here, {len(report.only_there)} only there")
+    return text
+
