@@ -1,6 +1,8 @@
 """`h3director plan`: the JSON schema, the text report, and specific refusals (exit code 2)."""
 
 import json
+import math
+import re
 
 import pytest
 
@@ -46,7 +48,11 @@ def test_text_report_prints_the_table_and_both_pool_sizes(capsys):
     assert code == 0
     assert "37 latent frames x 1008 tokens" in out
     assert "sampling" in out and "decode" in out and "text_encoding" in out
-    assert "Pool size: planner" in out and "seed formula" in out
+    pool, working = re.search(r"Pool size \(pre_allocated_pool_mb\): (\d+) MB, the largest phase working set "
+                              r"\(([\d,]+) MiB\) rounded up to whole GiB", out).groups()
+    assert int(pool) == math.ceil(int(working.replace(",", "")) / 1024) * 1024
+    rule = int(re.search(r"x 1\.3 gives (\d+) MB; it counts the weights", out).group(1))
+    assert rule % 1024 == 0 and rule > int(pool)
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -1,4 +1,10 @@
-"""`h3director plan --width W --height H --frames N (--vram 24GB --ram 64GB | --device auto) [--json]`."""
+"""`h3director plan --width W --height H --frames N (--vram 24GB --ram 64GB | --device auto) [--json]`.
+
+Accepted ranges (refused with a specific message otherwise): width and height multiples of 32 up to
+4096 pixels, frames on the 17n+5 grid from 5 to 86,399 (one hour at 24 fps), `--dit-layers` 1 to 100.
+A CPU-only budget (`--device auto` without CUDA or MPS, or `--device cpu`) is planned as one memory,
+with the text encoder on the CPU and PyTorch's composite (unfused) RMSNorm.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +17,10 @@ HELP = "Predict H3's memory per phase for a resolution and length, and recommend
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--width", type=int, required=True, help="video width in pixels (multiple of 32)")
-    parser.add_argument("--height", type=int, required=True, help="video height in pixels (multiple of 32)")
-    parser.add_argument("--frames", type=int, required=True, help="frame count on the 17n+5 grid (e.g. 124, 362)")
+    parser.add_argument("--width", type=int, required=True, help="video width in pixels (multiple of 32, <= 4096)")
+    parser.add_argument("--height", type=int, required=True, help="video height in pixels (multiple of 32, <= 4096)")
+    parser.add_argument("--frames", type=int, required=True,
+                        help="frame count on the 17n+5 grid, 5 to 86,399 (e.g. 124, 362)")
     parser.add_argument("--vram", default=None, help="accelerator memory, e.g. 24GB (read as GiB, as cards are sold)")
     parser.add_argument("--ram", default=None, help="host RAM for this job, e.g. 64GB (default: available RAM)")
     parser.add_argument("--device", default=None,
@@ -24,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keyframes", type=int, default=0, help="keyframe images (one latent frame each)")
     parser.add_argument("--text-tokens", type=int, default=None, help="prompt tokens (default 512)")
     parser.add_argument("--dit-layers", type=int, default=None,
-                        help="DiT blocks (default 50; the published 'pruned' checkpoints are about 30)")
+                        help="DiT blocks, 1 to 100 (default 50; the published 'pruned' checkpoints are about 30)")
     parser.add_argument("--no-audio", action="store_true", help="no audio rows and no audio decode")
     parser.add_argument("--attention", default="flash", choices=("flash", "efficient", "sage", "math"),
                         help="attention kernel (default flash / memory-efficient SDPA)")
@@ -66,12 +73,16 @@ def _budget(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from h3director.plan.estimate import estimate
     from h3director.plan.recommend import recommend
 
     request = _request(args)
     request.validate()
     budget, source = _budget(args)
+    if budget.device == "cpu":       # no accelerator: the text encoder runs on the CPU, RMSNorm unfused
+        request = dataclasses.replace(request, text_encoder_device="cpu", fused_norms=False)
     formats = [args.weights] if args.weights else None
     as_asked = estimate(request)
     advice = recommend(request, budget, formats=formats)
@@ -89,15 +100,17 @@ def run(args: argparse.Namespace) -> int:
           f"{geo.packed_tokens:,} = {geo.text_rows} text + {geo.cond_rows} cond + {geo.audio_rows} audio + "
           f"{geo.video_tokens:,} video")
     print(f"Budget: {source}")
-    print(f"\nAs asked ({request.weights}, everything on the accelerator):")
+    where = {"cpu": "everything on the CPU, one memory", "mps": "everything on the accelerator, unified memory"}
+    print(f"\nAs asked ({request.weights}, {where.get(budget.device, 'everything on the accelerator')}):")
     print(as_asked.summary_table())
     print("\n" + advice.summary())
     print("\nRecommended settings, per phase:")
     print(advice.estimate.summary_table())
     plan = advice.estimate
-    print(f"\nPool size: planner {plan.implied_pool_mb()} MB (largest working set "
-          f"{plan.largest_working_bytes / 2**20:,.0f} MiB, rounded up to 1024); "
-          f"seed formula (weights + largest node) x 1.3 = {plan.seed_pool_mb()} MB")
+    print(f"\nPool size (pre_allocated_pool_mb): {plan.implied_pool_mb()} MB, the largest phase working set "
+          f"({plan.largest_working_bytes / 2**20:,.0f} MiB) rounded up to whole GiB. The rule of thumb "
+          f"(DiT weights + largest working set) x 1.3 gives {plan.seed_pool_mb()} MB; it counts the weights, "
+          "which are never leased from the pool.")
     for note in as_asked.notes:
         print(f"note: {note}")
     return 0

@@ -29,6 +29,7 @@ from h3director.plan.decode import SINKS, decode_clip_working_set_bytes, output_
 from h3director.plan.dtypes import dtype_bytes
 from h3director.plan.formats import weight_format
 from h3director.plan.models import (
+    ModelInventory,
     TextEncoderSpec,
     audio_vae_inventory,
     dit_inventory,
@@ -39,6 +40,11 @@ from h3director.units import MiB
 
 DEFAULT_TEXT_TOKENS = 512
 TEXT_ENCODER_VISION_TOKENS_PER_IMAGE = 1024   # a ~1 MP reference image after the 2x2 merger
+
+# What the planner accepts (`PlanRequest.validate`); the longest legal length is 86,399 frames.
+MAX_FRAMES = 86_400           # one hour at 24 fps
+MAX_SIDE = 4096               # pixels per side (a multiple of 32)
+MAX_DIT_LAYERS = 100          # DiT blocks (the release has 50; the published pruned files about 30)
 
 
 @dataclass(frozen=True)
@@ -78,8 +84,18 @@ class PlanRequest:
     audio_config: Mapping | None = None
 
     def validate(self) -> None:
-        """Refuse bad input before any estimate: canvas, frame grid, settings."""
+        """Refuse bad input before any estimate: canvas (each side a multiple of 32 up to `MAX_SIDE`),
+        frame grid (17n+5, 5 to `MAX_FRAMES`), DiT blocks (1 to `MAX_DIT_LAYERS`), settings."""
         geometry.check_canvas(self.width, self.height)
+        for name in ("width", "height"):
+            if getattr(self, name) > MAX_SIDE:
+                raise InvalidInputError(f"{name} {getattr(self, name)} is above the planner's {MAX_SIDE} pixels")
+        if self.frames > MAX_FRAMES:
+            raise InvalidInputError(f"frames {self.frames:,} is above the planner's {MAX_FRAMES:,} (one hour at "
+                                    f"{geometry.VIDEO_FPS} fps); the longest legal count is "
+                                    f"{geometry.nearest_grid_frames(MAX_FRAMES)[0]:,}")
+        if self.frames < 5:
+            raise InvalidInputError(f"frames must be >= 5 (H3's shortest 17n+5 length), got {self.frames}")
         if not geometry.is_on_grid(self.frames):
             low, high = geometry.nearest_grid_frames(self.frames)
             raise InvalidInputError(
@@ -89,6 +105,8 @@ class PlanRequest:
             if getattr(self, name) < 0:
                 raise InvalidInputError(f"{name} must be >= 0, got {getattr(self, name)}")
         blocks = DiTShape.from_config(self.dit_config).layers
+        if not 1 <= blocks <= MAX_DIT_LAYERS:
+            raise InvalidInputError(f"the DiT must have 1 to {MAX_DIT_LAYERS} blocks (num_layers), got {blocks}")
         if self.offload_blocks > blocks:
             raise InvalidInputError(f"offload_blocks must be <= the DiT's {blocks} blocks, got {self.offload_blocks}")
         if self.sink not in SINKS:
@@ -178,7 +196,7 @@ class PlanEstimate:
 
     def seed_pool_mb(self) -> int:
         """The seed formula: (weights MB + largest node MB) x 1.3, rounded DOWN to a multiple of 1024."""
-        dit_weights_mb = dit_inventory(self.request.dit_config).weight_bytes(weight_format(self.request.weights)) / MiB
+        dit_weights_mb = _weight_bytes("dit", _config_key(self.request.dit_config), self.request.weights) / MiB
         value = (dit_weights_mb + self.largest_working_bytes / MiB) * 1.3
         return int(value // 1024) * 1024
 
@@ -225,6 +243,25 @@ def _config_key(config: Mapping | None) -> str:
     return json.dumps(dict(config or {}), sort_keys=True, default=list)
 
 
+_INVENTORIES = {"dit": dit_inventory, "video_vae": video_vae_inventory, "audio_vae": audio_vae_inventory,
+                "text_encoder": lambda _config: text_encoder_inventory()}
+
+
+@functools.lru_cache(maxsize=64)
+def _inventory(model: str, config_key: str) -> ModelInventory:
+    """A model's parameter inventory, built once per config (the recommender prices many settings)."""
+    return _INVENTORIES[model](json.loads(config_key))
+
+
+@functools.lru_cache(maxsize=512)
+def _weight_bytes(model: str, config_key: str, fmt: str, float_bytes: int = 2, block: bool = False) -> int:
+    """Bytes of a model's weights (`block`: of one repeated block) in format `fmt`, cached per config."""
+    inventory = _inventory(model, config_key)
+    if block:
+        return inventory.block_bytes(weight_format(fmt))
+    return inventory.weight_bytes(weight_format(fmt), float_bytes=float_bytes)
+
+
 @functools.lru_cache(maxsize=512)
 def _clip_working_set(config_key: str, height: int, width: int, tiles: int | None, dtype: str) -> int:
     return decode_clip_working_set_bytes(json.loads(config_key), height, width, tiles, dtype)
@@ -248,30 +285,28 @@ def estimate(request: PlanRequest) -> PlanEstimate:
     request.validate()
     geo = packed_geometry(request.width, request.height, request.frames, text_tokens=request.text_tokens,
                           refs=request.refs, keyframes=request.keyframes, audio=request.audio)
-    dit = dit_inventory(request.dit_config)
-    fmt = weight_format(request.weights)
-    dit_bytes = dit.weight_bytes(fmt)
-    block_bytes = dit.block_bytes(fmt)
+    dit_key = _config_key(request.dit_config)
+    dit_bytes = _weight_bytes("dit", dit_key, request.weights)
+    block_bytes = _weight_bytes("dit", dit_key, request.weights, block=True)
     offloaded = request.offload_blocks * block_bytes
     # Streaming offloaded blocks needs two block buffers on the device (one computing, one arriving).
     stream_buffers = min(request.offload_blocks, 2) * block_bytes
     dit_resident = dit_bytes - offloaded + stream_buffers
 
-    te = text_encoder_inventory()
-    te_bytes = te.weight_bytes(weight_format(request.text_encoder_weights))
+    te_bytes = _weight_bytes("text_encoder", "{}", request.text_encoder_weights)
     te_tokens = request.text_tokens + request.refs * TEXT_ENCODER_VISION_TOKENS_PER_IMAGE
     te_act = text_encoder_activation_bytes(te_tokens, request.compute_dtype)
 
-    vae_fmt = weight_format("bf16" if dtype_bytes(request.vae_dtype) == 2 else "fp32")
-    vae = video_vae_inventory(request.vae_config)
-    vae_decoder_bytes = vae.weight_bytes(vae_fmt, float_bytes=dtype_bytes(request.vae_dtype)) \
-        - vae.group("encoder").params * dtype_bytes(request.vae_dtype)
-    clip_ws = _clip_working_set(_config_key(request.vae_config), request.height, request.width,
+    vae_float = dtype_bytes(request.vae_dtype)
+    vae_key = _config_key(request.vae_config)
+    vae_decoder_bytes = _weight_bytes("video_vae", vae_key, "bf16" if vae_float == 2 else "fp32", vae_float) \
+        - _inventory("video_vae", vae_key).group("encoder").params * vae_float
+    clip_ws = _clip_working_set(vae_key, request.height, request.width,
                                 request.decode_tiles_per_call, request.vae_dtype)
-    audio_inv = audio_vae_inventory(request.audio_config)
-    audio_weights = 2 * audio_inv.weight_bytes(weight_format("fp32"), float_bytes=4) if request.audio else 0
-    audio_ws = _audio_working_set(_config_key(request.audio_config), geo.audio_latents) if request.audio else 0
-    sampling_ws = _sampling_working_set(_config_key(request.dit_config), geo.rows, request.compute_dtype,
+    audio_key = _config_key(request.audio_config)
+    audio_weights = 2 * _weight_bytes("audio_vae", audio_key, "fp32", 4) if request.audio else 0
+    audio_ws = _audio_working_set(audio_key, geo.audio_latents) if request.audio else 0
+    sampling_ws = _sampling_working_set(dit_key, geo.rows, request.compute_dtype,
                                         request.attention, request.head_chunks, request.ffn_chunks,
                                         request.fused_norms)
     latent_pixels = (request.height // geometry.SPATIAL_RATIO) * (request.width // geometry.SPATIAL_RATIO)

@@ -32,7 +32,7 @@ def detect_budget(device: str = "auto", *, host_bytes: int | None = None) -> tup
             raise InvalidInputError(f"--device {device}: no CUDA device is available here")
     if wanted in ("auto", "mps") and getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
         limit = int(torch.mps.recommended_max_memory())
-        return (Budget(device_bytes=limit, host_bytes=host, device="cpu"),
+        return (Budget(device_bytes=limit, host_bytes=host, device="mps"),
                 f"mps: unified memory, {limit / 2**30:.1f} GiB recommended maximum; planned as one memory")
     return (Budget(device_bytes=host, host_bytes=host, device="cpu"),
             f"no CUDA or MPS device: planning a CPU run in host RAM ({host / 2**30:.1f} GiB available)")

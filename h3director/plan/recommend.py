@@ -9,10 +9,14 @@ Search order (first fit wins; exact savings before ones that cost speed, speed b
 3. decode: the reference tiled path, else streamed tiling with 4, 2, 1 tiles per call; the sink
    uint8 frames if the whole video fits host RAM, else memmap / video file;
 4. if no setting fits the whole length: long-form generation in chunks on the 17n+5 grid, each
-   chunk conditioned on the previous chunk's last `LONG_FORM_OVERLAP` frames.
+   chunk conditioned on the previous chunk's last `LONG_FORM_OVERLAP` frames; the longest chunk
+   that fits is found by bisection over the grid (every phase's bytes grow with the chunk's length),
+   so a plan costs the same few hundred estimates whatever the length.
 
 `Budget.device_usable` = VRAM x (1 - margin) - reserve (CUDA context and allocator slack);
-`Budget.host_usable` = RAM x (1 - margin). A returned `Recommendation` always fits its own estimate.
+`Budget.host_usable` = RAM x (1 - margin). On a CPU-only or MPS budget (`Budget.unified`) model and
+buffers share one memory: a phase fits when its device and host bytes together fit `host_usable`, and
+on the CPU the text encoder is placed on the CPU. A returned `Recommendation` always fits its own estimate.
 """
 
 from __future__ import annotations
@@ -59,8 +63,13 @@ class Budget:
     def host_usable(self) -> int:
         return int(self.host_bytes * (1 - self.margin))
 
+    @property
+    def unified(self) -> bool:
+        """One memory for model and buffers (CPU-only, or Apple's unified memory under MPS)."""
+        return self.device in ("cpu", "mps")
+
     def phase_fits(self, phase: Phase) -> bool:
-        if self.device == "cpu":     # one memory: the device phases and the host buffers share it
+        if self.unified:             # one memory: the device phases and the host buffers share it
             return phase.device_bytes + phase.host_bytes <= self.host_usable
         return phase.device_bytes <= self.device_usable and phase.host_bytes <= self.host_usable
 
@@ -114,12 +123,15 @@ class Recommendation:
 
     def summary(self) -> str:
         s = self.settings()
+        unified = self.budget.unified
+        blocks = DiTShape.from_config(self.request.dit_config).layers
         lines = [
-            f"Recommendation (device usable {format_size(self.budget.device_usable)}, "
+            f"Recommendation ({self.budget.device}, one memory: usable {format_size(self.budget.host_usable)}):"
+            if unified else f"Recommendation (device usable {format_size(self.budget.device_usable)}, "
             f"host usable {format_size(self.budget.host_usable)}):",
             f"  text encoder      {s['text_encoder']} (unloaded before sampling)",
-            f"  DiT weights       {s['weights']}, {s['offload_blocks']} of {DiTShape.from_config(self.request.dit_config).layers}"
-            " blocks offloaded to host RAM",
+            f"  DiT weights       {s['weights']}, all {blocks} blocks in the one memory" if unified else
+            f"  DiT weights       {s['weights']}, {s['offload_blocks']} of {blocks} blocks offloaded to host RAM",
             f"  chunking          {s['head_chunks']} attention head chunks, {s['ffn_chunks']} FFN chunks",
             f"  DiT memory        {s['dit_memory']['advice']}",
             "  decode            " + ("reference tiled path" if s["decode_tiles_per_call"] is None
@@ -130,8 +142,12 @@ class Recommendation:
             lf = self.long_form
             lines.append(f"  long-form         {lf.chunks} chunks of {lf.chunk_frames} frames, "
                          f"{lf.overlap_frames}-frame overlap")
-        lines.append(f"  predicted peak    device {format_size(self.estimate.peak_device_bytes)}, "
-                     f"host {format_size(self.estimate.peak_host_bytes)}")
+        if unified:
+            need = max(p.device_bytes + p.host_bytes for p in self.estimate.phases)
+            lines.append(f"  predicted peak    {format_size(need)} (device and host columns together)")
+        else:
+            lines.append(f"  predicted peak    device {format_size(self.estimate.peak_device_bytes)}, "
+                         f"host {format_size(self.estimate.peak_host_bytes)}")
         if self.rejected:
             lines.append("Does not fit:")
             lines += [f"  - {reason}" for reason in self.rejected]
@@ -165,23 +181,43 @@ def _phase_fits(budget: Budget, plan: PlanEstimate, name: str) -> bool:
     return budget.phase_fits(_phase(plan, name))
 
 
+def _text_encoder_choices(budget: Budget) -> tuple[tuple[str, str], ...]:
+    """(device, format) pairs to try, best first; a CPU-only budget has no accelerator to place it on."""
+    if budget.device == "cpu":
+        return tuple(choice for choice in TEXT_ENCODER_CHOICES if choice[0] == "cpu")
+    return TEXT_ENCODER_CHOICES
+
+
 def _choose_text_encoder(request: PlanRequest, budget: Budget, rejected: list[str]) -> PlanRequest:
-    for device, fmt in TEXT_ENCODER_CHOICES:
+    choices = _text_encoder_choices(budget)
+    for device, fmt in choices:
         candidate = _replace(request, text_encoder_device=device, text_encoder_weights=fmt)
         if _phase_fits(budget, estimate(candidate), "text_encoding"):
-            if (device, fmt) != TEXT_ENCODER_CHOICES[0]:
-                first = _phase(estimate(_replace(request, text_encoder_device="gpu", text_encoder_weights="bf16")),
-                               "text_encoding")
-                rejected.append(f"text encoder bf16 on the accelerator needs {format_size(first.device_bytes)}")
+            if (device, fmt) != choices[0]:
+                first_device, first_fmt = choices[0]
+                first = _phase(estimate(_replace(request, text_encoder_device=first_device,
+                                                 text_encoder_weights=first_fmt)), "text_encoding")
+                if budget.unified:
+                    rejected.append(f"text encoder {first_fmt} needs {format_size(first.device_bytes + first.host_bytes)}"
+                                    " of the one memory")
+                else:
+                    rejected.append(f"text encoder {first_fmt} on the accelerator needs "
+                                    f"{format_size(first.device_bytes)}")
             return candidate
     raise BudgetError("the text encoder fits neither the accelerator nor host RAM in any format "
                       f"(smallest: Q4_K_M on CPU); host usable {format_size(budget.host_usable)}")
 
 
+def _chunkings(shape: DiTShape) -> tuple[tuple[int, int], ...]:
+    """The (head chunks, FFN chunks) pairs of `CHUNKINGS` whose head chunks divide the DiT's heads."""
+    return tuple((heads, ffn) for heads, ffn in CHUNKINGS if shape.heads % heads == 0)
+
+
 def _choose_dit(request: PlanRequest, budget: Budget, formats: Sequence[str]) -> PlanRequest | None:
-    blocks = DiTShape.from_config(request.dit_config).layers
+    shape = DiTShape.from_config(request.dit_config)
+    blocks = shape.layers
     for fmt in formats:
-        for heads, ffn in CHUNKINGS:
+        for heads, ffn in _chunkings(shape):
             base = _replace(request, weights=fmt, head_chunks=heads, ffn_chunks=ffn, offload_blocks=0)
             if _phase_fits(budget, estimate(base), "sampling"):
                 return base
@@ -220,6 +256,36 @@ def _fit_length(request: PlanRequest, budget: Budget, formats: Sequence[str],
     return chosen if budget.fits(estimate(chosen)) else None
 
 
+def _longest_chunk(request: PlanRequest, budget: Budget, formats: Sequence[str],
+                   overlap: int) -> tuple[int, PlanRequest] | None:
+    """The longest chunk on the 17n+5 grid, longer than `overlap` and shorter than `request.frames`, whose
+    generation (conditioned on `overlap` frames of the previous chunk) fits; with its settings.
+
+    Bisection over n: every phase's bytes grow with the chunk's length, so if a chunk fits, every
+    shorter one does; about log2(frames / 17) fits are tried instead of one per grid step."""
+    cond = geometry.latent_frames_for(overlap)
+
+    def fit(n: int) -> PlanRequest | None:
+        frames = geometry.CLIP_LENGTH * n + 5
+        return _fit_length(_replace(request, frames=frames, keyframes=request.keyframes + cond), budget, formats, [])
+
+    low = (overlap - 5) // geometry.CLIP_LENGTH + 1            # shortest chunk longer than the overlap
+    high = (geometry.nearest_grid_frames(request.frames - 1)[0] - 5) // geometry.CLIP_LENGTH
+    if high < low:
+        return None
+    best = fit(low)
+    if best is None:
+        return None
+    while low < high:                                          # invariant: chunk n=low fits (settings `best`)
+        mid = (low + high + 1) // 2
+        chosen = fit(mid)
+        if chosen is None:
+            high = mid - 1
+        else:
+            low, best = mid, chosen
+    return geometry.CLIP_LENGTH * low + 5, best
+
+
 def recommend(request: PlanRequest, budget: Budget | int, *, formats: Sequence[str] | None = None,
               host_bytes: int | None = None) -> Recommendation:
     """Settings for `request` that fit `budget` (a `Budget`, or device bytes plus `host_bytes`;
@@ -237,7 +303,7 @@ def recommend(request: PlanRequest, budget: Budget | int, *, formats: Sequence[s
     request.validate()
     formats = tuple(formats or DIT_FORMATS)
     rejected: list[str] = []
-    if budget.device_usable <= 0 and budget.device != "cpu":
+    if budget.device_usable <= 0 and not budget.unified:
         raise BudgetError(f"device budget {format_size(budget.device_bytes)} leaves nothing after the "
                           f"{budget.margin:.0%} margin and {format_size(budget.reserve_bytes)} reserve")
     request = _choose_text_encoder(request, budget, rejected)
@@ -256,23 +322,21 @@ def recommend(request: PlanRequest, budget: Budget | int, *, formats: Sequence[s
     rejected.append(f"{request.frames} frames in one pass do not fit with any format, chunking or offload "
                     f"(activations alone need {format_size(sampling.working_bytes)} in {formats[0]})")
     overlap = LONG_FORM_OVERLAP
-    chunk = geometry.nearest_grid_frames(request.frames - 1)[0]
-    while chunk > overlap:
-        cond = geometry.latent_frames_for(overlap)
-        candidate = _replace(request, frames=chunk, keyframes=request.keyframes + cond)
-        chosen = _fit_length(candidate, budget, formats, [])
-        if chosen is not None:
-            chunks = 1 + math.ceil((request.frames - chunk) / (chunk - overlap))
-            long_form = LongForm(chunk_frames=chunk, overlap_frames=overlap, chunks=chunks)
-            return Recommendation(chosen, estimate(chosen), budget, long_form=long_form, rejected=tuple(rejected))
-        chunk -= geometry.CLIP_LENGTH
+    found = _longest_chunk(request, budget, formats, overlap)
+    if found is not None:
+        chunk, chosen = found
+        chunks = 1 + math.ceil((request.frames - chunk) / (chunk - overlap))
+        long_form = LongForm(chunk_frames=chunk, overlap_frames=overlap, chunks=chunks)
+        return Recommendation(chosen, estimate(chosen), budget, long_form=long_form, rejected=tuple(rejected))
+    shape = DiTShape.from_config(request.dit_config)
+    heads, ffn = _chunkings(shape)[-1]
     smallest = estimate(_replace(request, frames=geometry.nearest_grid_frames(overlap + 1)[1],
-                                 weights=formats[-1], head_chunks=CHUNKINGS[-1][0], ffn_chunks=CHUNKINGS[-1][1],
-                                 offload_blocks=DiTShape.from_config(request.dit_config).layers,
+                                 keyframes=request.keyframes + geometry.latent_frames_for(overlap),
+                                 weights=formats[-1], head_chunks=heads, ffn_chunks=ffn, offload_blocks=shape.layers,
                                  decode_tiles_per_call=1, sink="memmap"))
-    what = f"even a {smallest.request.frames}-frame chunk with {formats[-1]} weights, every block offloaded and " \
-           "full chunking needs"
-    if budget.device == "cpu":
+    what = f"even a {smallest.request.frames}-frame chunk (conditioned on the previous chunk's last {overlap} " \
+           f"frames) with {formats[-1]} weights, every block offloaded and full chunking needs"
+    if budget.unified:
         need = max(p.device_bytes + p.host_bytes for p in smallest.phases)
         raise BudgetError(f"nothing fits: {what} {format_size(need)} of RAM (model and buffers share it); "
                           f"usable: {format_size(budget.host_usable)}")
