@@ -218,7 +218,11 @@ def _attention(attn, plan: DiTMemoryPlan, hold: list, rope_freqs, transformer_op
             state["out"] = torch.empty(rows, inner, dtype=out.dtype, device=out.device)
         state["out"][a:b, h0 * d:h1 * d] = out[0]
 
-    grouped_attention(plan, heads, rows, project, attend_into)
+    try:
+        grouped_attention(plan, heads, rows, project, attend_into)
+    finally:
+        if not fused:
+            weights.release()  # no-op when the last group released it
     return attn.out_proj(state.pop("out"))
 
 
