@@ -1,0 +1,192 @@
+"""Per-layer GGUF dequantisation at H3's real shapes, and the memory of opening a real GGUF.
+
+    .venv/bin/python bench/gguf_dequant.py [--only speed|memory] [--types Q4_K Q8_0 Q6_K] [--repeats 3]
+        [--shape 28672 5376] [--threads 1] [--keep-files DIR]
+
+1. speed: one DiT matrix (default fc1, 28672 x 5376 in ComfyUI's layout: [gate; value] x hidden) of random
+   blocks with ordinary float16 scales, dequantised to float32 by
+   - the native core through `weights.dequant.dequantize_tensor` into a reused out= buffer (the CPU path),
+   - the torch kernels on the CPU (`backend="torch"`, the code the CUDA path runs),
+   - `gguf.quants.dequantize` (the reference),
+   median of --repeats runs after a warm-up (gguf: one run); every output is checked bit for bit against
+   gguf's. Ratios are the result; the absolute times are this machine's.
+2. memory: a real GGUF of a few hundred MB written by `h3director weights convert` (one H3 block at the
+   released widths, bf16 safetensors -> Q8_0), then in a fresh process: RSS before and after
+   `open_gguf` (the check: the increase is <= 5% of the file size), and the peak RSS above that while
+   dequantising the largest layer into a preallocated buffer (the per-layer peak: one layer's output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from h3director import native  # noqa: E402
+from h3director.weights.dequant import dequantize_tensor  # noqa: E402
+
+MiB = 1 << 20
+
+
+def _blocks(name: str, values: int, rng: np.random.Generator) -> np.ndarray:
+    import gguf
+
+    block_values, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
+    n = values // block_values
+    data = rng.integers(0, 256, size=(n, block_bytes), dtype=np.uint8)
+    scale_at = {"Q6_K": [208]}.get(name, [0, 2] if name in ("Q4_1", "Q5_1", "Q4_K", "Q5_K") else [0])
+    for off in scale_at:
+        data[:, off:off + 2] = rng.normal(0, 0.02, n).astype(np.float16).view(np.uint8).reshape(n, 2)
+    return data.reshape(-1)
+
+
+def _median(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_speed(args) -> list[str]:
+    import gguf
+    from gguf import quants
+
+    rows, cols = args.shape
+    rng = np.random.default_rng(0)
+    lines = [f"dequantise one [{rows}, {cols}] matrix ({rows * cols * 4 / MiB:.0f} MiB float32 out) per type; median of "
+             f"{args.repeats} after a warm-up (gguf: 1 run); native backend: {native.backend()}, torch threads: "
+             f"{torch.get_num_threads()}", "",
+             "| type | quantised MiB | gguf.quants (s) | torch CPU (s) | native (s) | torch vs gguf | native vs gguf | "
+             "native vs torch | bits equal |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for name in args.types:
+        raw = _blocks(name, rows * cols, rng)
+        qtype = gguf.GGMLQuantizationType[name]
+        out = torch.empty((rows, cols), dtype=torch.float32)
+        start = time.perf_counter()
+        ref = quants.dequantize(raw.reshape(rows, -1), qtype)
+        t_gguf = time.perf_counter() - start
+        t_torch = _median(partial(dequantize_tensor, raw, qtype, (rows, cols), backend="torch"), args.repeats)
+        t_native = _median(partial(dequantize_tensor, raw, qtype, (rows, cols), out=out), args.repeats)
+        by_torch = dequantize_tensor(raw, qtype, (rows, cols), backend="torch")
+        equal = bool(np.array_equal(by_torch.numpy().view(np.uint32), ref.view(np.uint32))
+                     and np.array_equal(out.numpy().view(np.uint32), ref.view(np.uint32)))
+        del ref, by_torch
+        lines.append(f"| {name} | {raw.size / MiB:.0f} | {t_gguf:.3f} | {t_torch:.3f} | {t_native:.4f} | "
+                     f"{t_gguf / t_torch:.1f}x | {t_gguf / t_native:.0f}x | {t_torch / t_native:.0f}x | {equal} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def _write_block_file(folder: Path) -> Path:
+    """One H3 block at the released widths (comfy keys), bf16 safetensors, written tensor by tensor."""
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(0)
+    shapes = {"video_patch_proj.weight": (5376, 96), "audio_patch_proj.weight": (5376, 32),
+              "blocks.0.attn.qkv_proj.weight": (21504, 5376), "blocks.0.mlp.fc1.weight": (28672, 5376),
+              "blocks.0.mlp.fc2.weight": (5376, 14336), "blocks.0.attn.q_norm.weight": (128,)}
+    state = {}
+    for name, shape in shapes.items():
+        t = torch.empty(shape, dtype=torch.bfloat16)
+        t.normal_(0, 0.02, generator=g)
+        state[name] = t
+    path = folder / "h3_block.safetensors"
+    save_file(state, str(path))
+    return path
+
+
+_CHILD = """
+import json, sys, torch
+sys.path.insert(0, {bench!r})
+from native import current_rss_bytes, reset_peak_rss, vm_hwm_bytes
+from h3director.weights.gguf_file import open_gguf
+from h3director.weights.dequant import dequantize_tensor
+path = {path!r}
+import gguf, h3director.weights.dequant  # imports paid before the measurement
+before = current_rss_bytes()
+f = open_gguf(path)
+after = current_rss_bytes()
+big = max(f.tensors.values(), key=lambda t: t.nbytes)
+out = torch.empty(big.shape, dtype=torch.float32)
+out.fill_(0)  # pre-faulted: the output buffer is the caller's
+base = current_rss_bytes()
+reset_peak_rss()
+dequantize_tensor(big, out=out)
+peak = vm_hwm_bytes() - base
+print(json.dumps(dict(before=before, after=after, name=big.name, shape=list(big.shape), qtype=big.qtype.name,
+                      out_bytes=out.numel() * 4, raw_bytes=big.nbytes, peak_extra=peak)))
+"""
+
+
+def bench_memory(args) -> list[str]:
+    folder = Path(args.keep_files) if args.keep_files else Path(tempfile.mkdtemp(prefix="h3-gguf-bench-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    source = _write_block_file(folder)
+    out = folder / "h3_block_q8_0.gguf"
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "h3director", "weights", "convert", str(source), "--type", "Q8_0",
+                    "--out", str(out)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    convert_s = time.perf_counter() - start
+    child = subprocess.run([sys.executable, "-c", _CHILD.format(bench=str(ROOT / "bench"), path=str(out))],
+                           check=True, capture_output=True, text=True, cwd=ROOT)
+    r = json.loads(child.stdout.strip().splitlines()[-1])
+    size = out.stat().st_size
+    grew = r["after"] - r["before"]
+    lines = [f"open and dequantise a real GGUF written by `weights convert` (one H3 block at the released widths, "
+             f"bf16 {source.stat().st_size / MiB:.0f} MiB -> Q8_0 {size / MiB:.0f} MiB, convert took {convert_s:.0f} s)",
+             "", "| measure | value |", "|---|---:|",
+             f"| file size | {size / MiB:.1f} MiB |",
+             f"| RSS increase from open_gguf | {grew / MiB:.2f} MiB ({100 * grew / size:.2f}% of the file; limit 5%) |",
+             f"| largest layer | {r['name']} {r['shape']} {r['qtype']} ({r['raw_bytes'] / MiB:.0f} MiB quantised) |",
+             f"| peak RSS above the preallocated out= while dequantising it | {r['peak_extra'] / MiB:.0f} MiB "
+             f"(the layer's bytes paged in from the map: {r['raw_bytes'] / MiB:.0f} MiB; output "
+             f"{r['out_bytes'] / MiB:.0f} MiB, preallocated) |"]
+    if not args.keep_files:
+        for p in (source, out):
+            p.unlink()
+        folder.rmdir()
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("speed", "memory"), default=None)
+    parser.add_argument("--types", nargs="+", default=["Q4_K", "Q8_0", "Q6_K"])
+    parser.add_argument("--shape", nargs=2, type=int, default=[28672, 5376], metavar=("ROWS", "COLS"))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (native runs 1 thread)")
+    parser.add_argument("--keep-files", default=None, help="folder for the memory section's files (kept)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} CPUs, Python {platform.python_version()}, torch {torch.__version__}")
+    sections = []
+    if args.only in (None, "speed"):
+        sections.append(bench_speed(args))
+    if args.only in (None, "memory"):
+        sections.append(bench_memory(args))
+    print()
+    for lines in sections:
+        print("\n".join(lines))
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
