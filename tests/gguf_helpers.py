@@ -9,9 +9,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-# ComfyUI MiniMaxH3Model kwargs: every quantisable linear has rows of a multiple of 256 values (K-quant blocks)
+# ComfyUI MiniMaxH3Model kwargs: every quantisable linear has rows of a multiple of 256 values (K-quant blocks);
+# text_dim differs from hidden_size (ComfyUI skips condition_proj and the refiner for text already at hidden_size)
 CONFIG = dict(hidden_size=256, num_layers=2, token_refiner_num_layers=1, num_attention_heads=4, attention_head_dim=64,
-              ffn_hidden_size=256, text_dim=256, timestep_input_dim=32, time_embed_hidden_size=64,
+              ffn_hidden_size=256, text_dim=512, timestep_input_dim=32, time_embed_hidden_size=64,
               time_embed_dim=256, rope_inv_freq_len=4)
 CURVE_GRID = 9
 
