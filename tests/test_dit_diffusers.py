@@ -6,6 +6,7 @@ the stock forward on the CPU with PyTorch SDPA (diffusers' default "native" back
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -187,9 +188,10 @@ def unchanged(model) -> bool:
     (dict(ffn_chunks=0), "ffn_chunks must be an integer >= 1"),
     (dict(query_chunks=-1), "query_chunks must be an integer >= 1"),
     (dict(mode="fastest"), "mode must be one of"),
-    (dict(mode="auto"), "needs a capacity check"),
     (dict(mode="auto", capacity=object()), "choose"),
-    (dict(budget_bytes=1 << 30), "budget_bytes"),
+    (dict(budget_bytes=0), "budget_bytes must be > 0"),
+    (dict(mode="auto", capacity=SimpleNamespace(choose=print), budget_bytes=1 << 30),
+     "give budget_bytes to the CapacityCheck"),
 ])
 def test_bad_settings_are_refused_before_touching_the_model(kwargs, message):
     model = tiny_transformer(torch.float32)
@@ -366,3 +368,45 @@ def test_hooked_projection_is_called_whole_once_per_block():
         hook.remove()
     assert seen == [48] * len(model.transformer_blocks)
     assert_equal(got, want)
+
+
+def _quiet_cpu(device):
+    """Stand-in for `h3director.core.devices.sample_device` (the fields `device_have_bytes` and the budget read):
+    a CPU with plenty free and nothing in use, so the test does not depend on this process's RSS."""
+    return SimpleNamespace(backend="cpu", free_bytes=1 << 40, allocated_bytes=0, reserved_bytes=None,
+                           reserved_is_estimate=False)
+
+
+def test_budget_and_auto_without_a_capacity_object_use_the_planner_ledgers():
+    """`budget_bytes` acts: auto mode escalates under a budget the floor does not fit and stays exact; a
+    fixed tier over budget is refused with the Director Safety message; the default check prices this
+    model's own widths."""
+    from h3director.errors import BudgetError
+    from h3director.integrations.diffusers_dit import default_capacity
+
+    model = tiny_transformer(torch.float32)
+    inputs = packed_inputs(torch.float32)
+    with torch.no_grad():
+        reference = model(**inputs).sample
+    check = default_capacity(model)
+    assert check.heads == model.config.num_attention_heads
+    rows = inputs["position_ids"].shape[0]
+    lifetime_need = check.need_bytes(DiTMemoryPlan(), rows, torch.float32)
+    smallest = min(check.need_bytes(p, rows, torch.float32) for p in check.candidates(DiTMemoryPlan(), rows, "auto"))
+    assert smallest < lifetime_need
+
+    handle = apply_memory_plan(model, mode="auto", budget_bytes=(smallest + lifetime_need) // 2)
+    handle.capacity.reader = _quiet_cpu
+    with torch.no_grad():
+        out = model(**inputs).sample
+    assert handle.last_report["escalated"] and handle.last_report["plan"]["ffn_chunks"] > 1
+    assert handle.last_report["need_bytes"] <= handle.last_report["have_bytes"] < lifetime_need
+    assert torch.equal(out, reference)
+    handle.remove()
+
+    handle = apply_memory_plan(model, mode="fixed", budget_bytes=lifetime_need // 2)
+    handle.capacity.reader = _quiet_cpu
+    with pytest.raises(BudgetError, match=r"\[Director Safety\] CPU memory limit exceeded"), torch.no_grad():
+        model(**inputs)
+    handle.remove()
+    assert unchanged(model)

@@ -31,8 +31,9 @@ file decides only the arithmetic, not the order. The tiers run under `torch.no_g
 the blocks run the stock forward and `last_report["tier"]` says so.
 
 Modes: `"fixed"` runs the given tier. `"auto"` and `"exact only"` call `capacity.choose(...)` (the
-`h3director.dit.capacity.CapacityCheck` interface) at the start of every transformer forward, from a
-forward pre-hook, with `rows` = the packed sequence length (`position_ids.shape[0]`) and the given
+`h3director.dit.capacity.CapacityCheck` interface; without `capacity=`, one built from the planner's
+diffusers ledgers at the model's own widths, on the model's device, with `budget_bytes`) at the start of
+every transformer forward, from a forward pre-hook, with `rows` = the packed sequence length (`position_ids.shape[0]`) and the given
 chunk counts as the floor; `"exact only"` passes the kernel properties
 `h3director.dit.kernels.verified_properties(device, dtype)` reports (none when that module or its
 cache is absent, which leaves only tiers exact by construction).
@@ -411,6 +412,18 @@ def verified_kernel_properties(device: torch.device, dtype: torch.dtype,
     return set(kernels.verified_properties(device, dtype, widths=widths))
 
 
+def default_capacity(transformer: MiniMaxH3Transformer3DModel, budget_bytes: int | None = None):
+    """The capacity check `apply_memory_plan` uses when none is given: the planner's diffusers ledgers at
+    this model's widths (`DiTShape.from_config`), on the device of its first block's parameters, capped by
+    `budget_bytes` (bytes; None = what the device can give)."""
+    from h3director.dit.capacity import CapacityCheck, ledger_cost_model
+    from h3director.plan.activations import DiTShape
+
+    device = next(transformer.transformer_blocks[0].parameters()).device
+    cost = ledger_cost_model(DiTShape.from_config(transformer.config), "diffusers", device=device)
+    return CapacityCheck(cost, device, budget_bytes=budget_bytes)
+
+
 def _check_model(transformer: Any, plan: DiTMemoryPlan) -> None:
     if not isinstance(transformer, MiniMaxH3Transformer3DModel):
         raise InvalidInputError(f"apply_memory_plan needs a diffusers MiniMaxH3Transformer3DModel, got "
@@ -453,8 +466,10 @@ def apply_memory_plan(transformer: MiniMaxH3Transformer3DModel, head_chunks: int
     lifetime-only tier. `mode`: `"fixed"` runs exactly that tier (checked against the packed rows at each
     forward); `"auto"` / `"exact only"` need `capacity`, an object with `choose(rows, dtype, floor, mode,
     verified) -> decision` (`decision.plan`, `need_bytes`, `have_bytes`, `verified_exact`, `escalated`), as
-    `h3director.dit.capacity.CapacityCheck` provides; the chunk counts are its floor. `budget_bytes`
-    (bytes) belongs to the capacity check: give it to the `CapacityCheck` you pass.
+    `h3director.dit.capacity.CapacityCheck` provides; the chunk counts are its floor. Without `capacity`,
+    `default_capacity(transformer, budget_bytes)` is used. `budget_bytes` (bytes, None = what the device
+    can give) caps the capacity check; given in `"fixed"` mode it makes each forward check that the fixed
+    tier fits (and refuse with "[Director Safety] ... memory limit exceeded" when it does not).
 
     Bad input (another model class, a head count the groups do not divide, counts < 1, an unknown mode,
     a plan already applied, blocks already patched or hooked) raises `InvalidInputError` before anything
@@ -464,15 +479,14 @@ def apply_memory_plan(transformer: MiniMaxH3Transformer3DModel, head_chunks: int
     if mode not in MODES:
         raise InvalidInputError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
     _check_model(transformer, plan)
-    if mode != "fixed" and capacity is None:
-        raise InvalidInputError(f"mode {mode!r} needs a capacity check: pass capacity=CapacityCheck(...) "
-                                "(h3director.dit.capacity), or use mode='fixed'")
     if capacity is not None and not callable(getattr(capacity, "choose", None)):
         raise InvalidInputError(f"capacity must have a choose(rows, dtype, floor, mode, verified) method; got "
                                 f"{type(capacity).__name__}")
-    if budget_bytes is not None:
-        raise InvalidInputError("budget_bytes is the capacity check's setting: pass "
-                                "capacity=CapacityCheck(..., budget_bytes=...) instead")
+    if capacity is not None and budget_bytes is not None:
+        raise InvalidInputError("give budget_bytes to the CapacityCheck you pass (capacity=CapacityCheck(..., "
+                                "budget_bytes=...)), not to apply_memory_plan as well")
+    if capacity is None and (mode != "fixed" or budget_bytes is not None):
+        capacity = default_capacity(transformer, budget_bytes)
     handle = DiTMemoryHandle(transformer, plan, mode, capacity)
     handle._install()
     return handle
