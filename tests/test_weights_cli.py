@@ -188,6 +188,19 @@ def test_inspect_prices_a_released_width_dit_with_the_planner(capsys, tmp_path):
     assert "resident on the device" in text and "planner (1280x704, 124 frames, bf16)" in text
 
 
+def test_standalone_real_vae_files_are_recognised(capsys, tmp_path):
+    from h3director.integrations.tiny import tiny_h3_audio_vae, tiny_h3_vae
+
+    for name, model, component in (("vae", tiny_h3_vae(), "vae"), ("audio", tiny_h3_audio_vae(), "audio-vae")):
+        path = tmp_path / f"{name}.safetensors"
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+        code, text, err = _run(capsys, "inspect", str(path), "--json")
+        assert code == 0, err
+        summary = json.loads(text)
+        assert list(summary["components"]) == [component] and summary["dit"] is None
+        assert summary["params"] == sum(v.numel() for v in model.state_dict().values())
+
+
 @pytest.mark.parametrize("argv,message", [
     (["inspect", "{tmp}/missing.gguf"], "is not a file"),
     (["inspect", "{tmp}/trunc.gguf"], "truncated"),

@@ -215,7 +215,10 @@ def open_gguf(path: str | os.PathLike, *, max_metadata_bytes: int = DEFAULT_MAX_
 def read_header(path: str | os.PathLike, *, max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES,
                 max_tensors: int = DEFAULT_MAX_TENSORS) -> _Header:
     """Parse and check the header and tensor table of `path` (no memory map); see `open_gguf`."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    try:
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    except ImportError as exc:  # pragma: no cover - gguf is a declared extra
+        raise InvalidInputError("reading GGUF files needs the 'gguf' package: pip install 'h3director[gguf]'") from exc
 
     path = Path(path)
     where = str(path)

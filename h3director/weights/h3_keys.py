@@ -105,7 +105,7 @@ def split_components(tensor_names: Iterable[str]) -> dict[str, list[str]]:
     """Assign every tensor name to one of `COMPONENTS` or "other" (keys of the result: those present).
 
     Prefixed names (all-in-one checkpoints) go by prefix. A file without such prefixes is one component,
-    recognised by its signature: H3 DiT keys (either style), the audio VAE's ``pre_block.attn.zero_k_bias``,
+    recognised by its signature: H3 DiT keys (either style), the audio VAE's ``pre_block.`` attention,
     a video VAE's ``encoder.``/``decoder.`` trees, a text encoder's ``model.layers.`` / ``language_model.``.
     """
     names = list(tensor_names)
@@ -127,7 +127,7 @@ def split_components(tensor_names: Iterable[str]) -> dict[str, list[str]]:
         return groups
     except InvalidInputError:
         pass
-    if any(n.endswith("pre_block.attn.zero_k_bias") for n in unprefixed):
+    if any(n.endswith("pre_block.attn.zero_k_bias") or n.startswith("pre_block.") for n in unprefixed):
         groups.setdefault("audio-vae", []).extend(rest)
     elif any(n.startswith(("model.layers.", "language_model.", "model.language_model.", "visual.",
                            "model.visual.", "lm_head.", "model.embed_tokens.")) for n in unprefixed):
