@@ -44,6 +44,50 @@ def test_doctor_table_and_json(tmp_path):
     assert data["build"] in ("CPU", "MPS") or data["build"].startswith(("CUDA", "ROCm"))
 
 
+def test_doctor_reports_this_machines_values(tmp_path):
+    import platform
+
+    import psutil
+    import torch
+
+    import h3director
+    from h3director.core import devices
+    from h3director.units import format_size
+
+    data = json.loads(h3("doctor", "--json", cwd=tmp_path).stdout)
+    assert data["h3director"] == h3director.__version__
+    assert data["python"] == platform.python_version() and data["torch"] == torch.__version__
+    if torch.version.cuda:
+        assert data["build"] == f"CUDA {torch.version.cuda}"
+    elif not torch.version.hip and not torch.backends.mps.is_available():
+        assert data["build"] == "CPU"
+    cpu = data["devices"][0]
+    assert cpu["total_bytes"] == psutil.virtual_memory().total and 0 < cpu["free_bytes"] <= cpu["total_bytes"]
+    # no config in the working folder and no $H3_CONFIG: the packaged file, at its default level
+    assert data["config_path"] == str(Path(h3director.__file__).parent / "h3_config.yaml")
+    assert data["config_level"] == 2 and data["features"][:3] == ["pool", "generation_gc", "streaming_decode"]
+    assert data["nvml"] == ("present" if devices.nvml_available() else "installed, but no NVIDIA driver answers")
+    table = h3("doctor", cwd=tmp_path).stdout
+    assert f"device cpu               {cpu['name']}: {format_size(cpu['total_bytes'])} total" in table
+    assert "\nmemory level             2\n" in table
+
+
+def test_doctor_reports_the_allocator_settings_and_the_level_it_was_given(tmp_path):
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "PYTORCH_ALLOC_CONF": "max_split_size_mb:512",
+           "H3_MEMORY_OPTIMIZATION_LEVEL": "0"}
+    data = json.loads(h3("doctor", "--json", cwd=tmp_path, env=env).stdout)
+    assert data["alloc_conf"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+                                  "PYTORCH_ALLOC_CONF": "max_split_size_mb:512"}
+    assert data["config_level"] == 0
+    assert not {"pool", "generation_gc", "streaming_decode", "shared_memory"} & set(data["features"])
+    assert any("both set, to different values: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, "
+               "PYTORCH_ALLOC_CONF=max_split_size_mb:512" in warning for warning in data["warnings"])
+    assert any("memory_optimization_level is 0" in warning for warning in data["warnings"])
+    table = h3("doctor", cwd=tmp_path, env=env).stdout
+    assert "PYTORCH_CUDA_ALLOC_CONF  expandable_segments:True" in table
+    assert "PYTORCH_ALLOC_CONF       max_split_size_mb:512" in table
+
+
 def test_doctor_reports_a_bad_config_instead_of_crashing(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("memory_optimization_level: 9\n")

@@ -125,16 +125,42 @@ def test_frame_offset_shifts_and_clamps_frames_and_audio():
         FrameOffset.execute(torch.zeros(2, 2, 3), 1, 24.0)
 
 
+def _wait_for_samples(monitor, count: int, timeout_s: float = 60.0) -> None:
+    """Block until the sampler thread has taken `count` more samples (not a sleep: load does not matter)."""
+    import time
+
+    target = monitor.report().overhead["sampler_samples"] + count
+    deadline = time.monotonic() + timeout_s
+    while monitor.report().overhead["sampler_samples"] < target:
+        assert time.monotonic() < deadline, f"the sampler took fewer than {count} samples in {timeout_s} s"
+        time.sleep(0.005)
+
+
 def test_monitor_start_stop_returns_plot_image_and_summary(output_dir):
-    from h3director.comfy.nodes_monitor import MonitorStart, MonitorStop
+    import numpy as np
+
+    from h3director.comfy import live
+    from h3director.comfy.nodes_monitor import MonitorStart, MonitorStop, report_image
+    from h3director.units import MiB, format_size
 
     handle, passthrough = MonitorStart.execute(20, "test", trigger="x").args
     assert passthrough == "x"
-    torch.ones(256, 256).sum()
+    monitor = live._active[handle.monitor_id]
+    _wait_for_samples(monitor, 3)
+    baseline = monitor.report().peaks["host.rss_bytes"]
+    buffer = np.ones(300 * MiB, dtype=np.uint8)                 # np.ones touches every page: resident
+    _wait_for_samples(monitor, 5)
+    del buffer
     image, summary = MonitorStop.execute(handle, trigger=None).args
+    report = live._last_report                                  # the report the Stop node just made
+    assert report.metadata == {"label": "test"}
+    peak = report.peaks["host.rss_bytes"]
+    assert abs((peak - baseline) - 300 * MiB) <= 0.15 * 300 * MiB, (peak - baseline) / MiB
+    whole_run = summary.splitlines()[2]                          # header, rule, then "(whole run)"
+    assert whole_run.startswith("(whole run)") and format_size(peak) in whole_run
     assert image.ndim == 4 and image.shape[0] == 1 and image.shape[-1] == 3
     assert image.dtype == torch.float32 and 0 <= float(image.min()) and float(image.max()) <= 1
-    assert "rss" in summary.lower()
+    assert torch.equal(image, report_image(report, "H3 Director: test"))   # the IMAGE is this report's timeline
     with pytest.raises(InvalidInputError, match="not running"):
         MonitorStop.execute(handle)
 

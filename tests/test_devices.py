@@ -123,3 +123,120 @@ def test_nvml_device_memory_and_processes():
 def test_without_nvml_gpu_numbers_are_none_not_zero():
     assert devices.nvml_device_memory(0) is None
     assert devices.nvml_process_gpu_bytes() is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (devices.nvml_available() and torch.cuda.is_available()), reason="needs NVML and CUDA")
+def test_nvml_numbers_agree_with_cuda_and_see_a_known_allocation():
+    import os
+
+    torch.cuda.init()
+    free, total = torch.cuda.mem_get_info(0)
+    used, nvml_total = devices.nvml_device_memory(0)
+    assert abs(nvml_total - total) <= 0.01 * total               # the same card through two APIs
+    assert abs(used - (total - free)) <= 512 * MiB + 0.02 * total  # other processes may move a little between reads
+    tensor = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda:0")
+    torch.cuda.synchronize()
+    usage = devices.nvml_process_gpu_bytes(0)
+    if not usage:
+        pytest.skip("the driver lists no per-process usage here (containers, vGPU)")
+    assert sum(usage.values()) >= 256 * MiB
+    if os.getpid() in usage:                                     # PIDs match outside a PID namespace
+        assert usage[os.getpid()] >= 256 * MiB
+    assert devices.nvml_device_memory(0)[0] - used >= 200 * MiB       # the driver's count grew with it too
+    del tensor
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (devices.nvml_available() and torch.cuda.is_available()), reason="needs NVML and CUDA")
+def test_a_cuda_sample_before_cuda_starts_reads_nvml_and_creates_no_context():
+    code = ("import json, torch\n"
+            "from h3director.core import devices\n"
+            "s = devices.sample_device('cuda:0')\n"
+            "used, total = devices.nvml_device_memory(0)\n"
+            "print(json.dumps({'backend': s.backend, 'free': s.free_bytes, 'total': s.total_bytes, 'used': used,\n"
+            "                  'nvml_total': total, 'initialized': torch.cuda.is_initialized()}))\n")
+    out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert out["backend"] == "cuda-nvml" and out["initialized"] is False
+    assert out["total"] == out["nvml_total"]
+    assert abs(out["free"] - (out["nvml_total"] - out["used"])) <= 256 * MiB
+
+
+class _Process:
+    def __init__(self, pid, used):
+        self.pid, self.usedGpuMemory = pid, used
+
+
+class _NVMLStandIn:
+    """Stands in for the NVIDIA driver's library (pynvml) on a machine without one: two devices with known
+    memory and process lists, answering the calls `h3director.core.devices` makes."""
+
+    def __init__(self):
+        self.memory = {0: (3 * MiB, 80 * 1024 * MiB), 1: (5 * MiB, 24 * 1024 * MiB)}
+        self.uuids = {"GPU-aaaa": 0, "GPU-bbbb": 1}
+        self.compute = {0: [_Process(100, 10 * MiB), _Process(200, 20 * MiB), _Process(300, None)],
+                        1: [_Process(100, 7 * MiB)]}
+        self.graphics = {0: [_Process(100, 10 * MiB), _Process(400, 4 * MiB)], 1: None}
+
+    def nvmlDeviceGetCount(self):
+        return len(self.memory)
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        if index not in self.memory:
+            raise RuntimeError("NVML_ERROR_INVALID_ARGUMENT")
+        return index
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        return self.uuids[uuid]
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        used, total = self.memory[handle]
+        return type("Memory", (), {"used": used, "total": total, "free": total - used})()
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        return self.compute[handle]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle):
+        if self.graphics[handle] is None:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+        return self.graphics[handle]
+
+
+@pytest.fixture()
+def nvml_stand_in(monkeypatch):
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        pytest.skip("with CUDA started, handles follow the real PCI bus ids")
+    stand_in = _NVMLStandIn()
+    monkeypatch.setattr(devices, "_nvml", lambda: stand_in)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return stand_in
+
+
+def test_nvml_device_memory_maps_cuda_indices_through_cuda_visible_devices(nvml_stand_in, monkeypatch):
+    assert devices.nvml_device_memory(0) == (3 * MiB, 80 * 1024 * MiB)
+    assert devices.nvml_device_memory(1) == (5 * MiB, 24 * 1024 * MiB)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")                 # CUDA's device 0 is NVML's device 1
+    assert devices.nvml_device_memory(0) == (5 * MiB, 24 * 1024 * MiB)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbbb,GPU-aaaa")
+    assert devices.nvml_device_memory(1) == (3 * MiB, 80 * 1024 * MiB)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert devices.nvml_device_memory(3) is None                    # no such device: None, not an exception
+
+
+def test_nvml_process_bytes_count_each_context_once_and_skip_hidden_ones(nvml_stand_in):
+    # device 0: PID 100 is listed as compute and graphics (one context: 10 MiB), PID 300's usage is hidden;
+    # device 1: PID 100 again (a second context: +7 MiB), and no graphics query
+    assert devices.nvml_process_gpu_bytes(0) == {100: 10 * MiB, 200: 20 * MiB, 400: 4 * MiB}
+    assert devices.nvml_process_gpu_bytes(1) == {100: 7 * MiB}
+    assert devices.nvml_process_gpu_bytes() == {100: 17 * MiB, 200: 20 * MiB, 400: 4 * MiB}
+
+
+def test_a_process_trees_gpu_bytes_sum_nvml_over_its_pids(nvml_stand_in):
+    import os
+
+    from h3director.core.monitor import ProcessTree
+
+    nvml_stand_in.compute[0].append(_Process(os.getpid(), 64 * MiB))
+    tree = ProcessTree(os.getpid())
+    tree.rss_bytes()                                                # lists the tree's live PIDs
+    assert tree.gpu_bytes() == float(64 * MiB)                      # only this tree's PIDs, none of the others
