@@ -1,5 +1,6 @@
 """Shared by tests/test_gguf_*.py and their ComfyUI worker: tiny H3 GGUF files written with gguf's own
-`GGUFWriter` and `gguf.quants.quantize`, and their dequantised state dicts (`gguf.quants.dequantize`).
+`GGUFWriter` and `gguf.quants.quantize` (Q4_K: the project's encoder, gguf has none), and their dequantised
+state dicts (`gguf.quants.dequantize`, the reference decoder).
 
 Only numpy, torch and gguf are imported here (the ComfyUI worker imports this file too).
 """
@@ -30,6 +31,17 @@ def quantisable(name: str, value: torch.Tensor, qtype) -> bool:
     return value.ndim == 2 and name.endswith(".weight") and value.shape[-1] % block == 0 and not high_precision(name)
 
 
+def quantize(array: np.ndarray, qtype) -> np.ndarray:
+    """gguf's quantiser, or the project's Q4_K encoder (`h3director.weights.kquant`; gguf has none)."""
+    import gguf
+
+    if qtype == gguf.GGMLQuantizationType.Q4_K:
+        from h3director.weights.kquant import quantize_q4_k
+
+        return quantize_q4_k(array)
+    return gguf.quants.quantize(array, qtype)
+
+
 def write_gguf(path, sd: dict[str, torch.Tensor], qtype, arch: str = "minimax_h3", prefix: str = "") -> dict:
     """Write `sd` (float32 tensors) to `path`: quantisable linear weights as `qtype`, the rest F32.
     Returns {name: the dequantised float32 tensor the file holds} (keys without `prefix`)."""
@@ -40,7 +52,7 @@ def write_gguf(path, sd: dict[str, torch.Tensor], qtype, arch: str = "minimax_h3
     for name, value in sd.items():
         array = value.detach().to(torch.float32).contiguous().numpy()
         if quantisable(name, value, qtype):
-            data = gguf.quants.quantize(array, qtype)
+            data = quantize(array, qtype)
             writer.add_tensor(prefix + name, data, raw_dtype=qtype)
             dequantised[name] = torch.from_numpy(gguf.quants.dequantize(data, qtype).copy())
         else:

@@ -1,5 +1,5 @@
 """GGUF H3 DiT in ComfyUI's real model code: `torch.equal` to the stock loader on the dequantised tensors
-(Q8_0, Q4_0, Q5_1; float32 and bfloat16; unpruned and curve form), LoRA on the fly (full load and lowvram),
+(Q8_0, Q4_0, Q5_1, Q4_K; float32 and bfloat16; unpruned and curve form), LoRA on the fly (full load and lowvram),
 composition with the DiT Memory node, the per-layer dequant peak, the node, and refusals.
 
 The checks run in a fresh Python (`tests/comfy_harness/gguf_worker.py`), as tests/test_dit_comfy.py does.
@@ -19,7 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "comfy_harness" / "gguf_worker.py"
-CHECKS = [f"exact/{q}/{d}" for q in ("Q8_0", "Q4_0", "Q5_1") for d in ("float32", "bfloat16")] + [
+CHECKS = [f"exact/{q}/{d}" for q in ("Q8_0", "Q4_0", "Q5_1", "Q4_K") for d in ("float32", "bfloat16")] + [
     "exact/curve-form-Q8_0", "accepts/wan-label-and-prefix", "refuse/architecture-truncated-missing",
     "lora/full-load-on-the-fly", "lora/lowvram-weight-function", "compose/dit-memory-node",
     "memory/per-layer-dequant-peak", "node/lists-loads-refuses"]

@@ -1,5 +1,5 @@
 """diffusers H3 transformer from GGUF (`h3director.integrations.diffusers_gguf`): outputs `torch.equal` to the
-same diffusers model built from the file's dequantised tensors (Q8_0 and Q4_0, unpruned), curve-form
+same diffusers model built from the file's dequantised tensors (Q8_0, Q4_0 and Q4_K, unpruned), curve-form
 (pruned) files agree with ComfyUI's `MiniMaxH3Model` on the same file within float32 rounding (run in a fresh
 Python with the real ComfyUI: tests/comfy_harness/gguf_diffusers_worker.py), and bad input is refused."""
 
@@ -84,7 +84,7 @@ def inputs(model):
                 audio_indices=torch.arange(text, text + audio), text_indices=torch.arange(text), return_dict=False)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_K], ids=lambda q: q.name)
 def test_gguf_equals_model_from_dequantised_weights(reference_model, tmp_path, qtype):
     from diffusers import MiniMaxH3Transformer3DModel
     from diffusers.loaders.single_file_utils import convert_minimax_h3_transformer_checkpoint_to_diffusers

@@ -54,7 +54,7 @@ def run_checks(root: str, tmp: str) -> dict:
 
     sd = gh.comfy_state_dict(h3)
     files = {}
-    for qtype in (Q.Q8_0, Q.Q4_0, Q.Q5_1):
+    for qtype in (Q.Q8_0, Q.Q4_0, Q.Q5_1, Q.Q4_K):
         path = os.path.join(tmp, f"h3-{qtype.name}.gguf")
         files[qtype.name] = (path, gh.write_gguf(path, sd, qtype))
     float_out = forward(stock(sd, torch.float32), torch.float32)
