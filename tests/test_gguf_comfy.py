@@ -22,7 +22,7 @@ WORKER = REPO / "tests" / "comfy_harness" / "gguf_worker.py"
 CHECKS = [f"exact/{q}/{d}" for q in ("Q8_0", "Q4_0", "Q5_1", "Q4_K") for d in ("float32", "bfloat16")] + [
     "exact/curve-form-Q8_0", "accepts/wan-label-and-prefix", "refuse/architecture-truncated-missing",
     "lora/full-load-on-the-fly", "lora/lowvram-weight-function", "compose/dit-memory-node",
-    "memory/per-layer-dequant-peak", "node/lists-loads-refuses"]
+    "memory/per-layer-dequant-peak", "memory/quantised-weights-view-the-map", "node/lists-loads-refuses"]
 
 
 def comfyui_root() -> Path | None:

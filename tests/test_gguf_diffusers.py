@@ -1,6 +1,7 @@
 """diffusers H3 transformer from GGUF (`h3director.integrations.diffusers_gguf`): outputs `torch.equal` to the
 same diffusers model built from the file's dequantised tensors (Q8_0, Q4_0 and Q4_K, unpruned), curve-form
-(pruned) files agree with ComfyUI's `MiniMaxH3Model` on the same file within float32 rounding (run in a fresh
+(pruned) files agree with ComfyUI's `MiniMaxH3Model` on the same file within float32 rounding (bfloat16: within
+about one bf16 ulp), run in a fresh
 Python with the real ComfyUI: tests/comfy_harness/gguf_diffusers_worker.py), and bad input is refused."""
 
 from __future__ import annotations
@@ -142,7 +143,9 @@ def test_agrees_with_comfyui_model_on_the_same_file(tmp_path):
     assert run.returncode == 0 and lines, f"worker failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
     results = json.loads(lines[-1][len("H3GGUFX-RESULTS "):])
     for label, entry in results.items():
-        # float32, two implementations ordering ops differently (fused rms+rope, attention kernels) over 3 blocks
-        assert entry["max_abs"] <= 1e-5 * entry["max_ref"], (label, entry)  # measured: 1.8e-7 of 1.25
+        # two implementations ordering ops differently (fused rms+rope, attention kernels) over 3 blocks;
+        # measured: float32 1.8e-7 of 1.25 (unpruned), 1.9e-7 of 1.08 (curve form); bfloat16 2.4e-3 of 1.08
+        bound = 1e-2 if label.endswith("bf16") else 1e-5  # bfloat16: about one ulp at the output's scale
+        assert entry["max_abs"] <= bound * entry["max_ref"], (label, entry)
     assert results["curve-form"]["curve"] == gh.CURVE_GRID
     assert results["curve-form"]["control_max_abs"] > 100 * results["curve-form"]["max_abs"], results

@@ -79,7 +79,7 @@ class AdalnCurveEmbedding(torch.nn.Module):
 
 
 def _curve_modulation_forward(self, temb):
-    temb = self.linear(temb.to(torch.float32))
+    temb = self.linear(temb.to(torch.float32)).to(self._h3_block_dtype)
     return temb.view(-1, 6 * self.hidden_size).chunk(6, dim=-1)
 
 
@@ -89,9 +89,12 @@ def _curve_norm_out_forward(self, hidden_states, temb, timestep_indices):
     return hidden_states * (1.0 + scale.index_select(0, timestep_indices)) + shift.index_select(0, timestep_indices)
 
 
-def install_adaln_curves(model, table: torch.Tensor) -> None:
+def install_adaln_curves(model, table: torch.Tensor, block_dtype: torch.dtype = torch.float32) -> None:
     """Make `model` (a `MiniMaxH3Transformer3DModel`) a curve-form H3: time embedding from `table`, AdaLN
-    projections without SiLU, in float32. Its `time_embed_dim` must be `table.shape[1]`."""
+    projections without SiLU, in float32. Its `time_embed_dim` must be `table.shape[1]`. The blocks'
+    modulation vectors are cast to `block_dtype` (the block stack's dtype) before use, as ComfyUI casts
+    them to the residual stream's dtype; `norm_out`'s stay float32 (ComfyUI's final layer modulates in the
+    AdaLN dtype)."""
     import types
 
     if table.ndim != 2 or table.shape[0] < 2 or table.shape[1] != model.config.time_embed_dim:
@@ -100,6 +103,7 @@ def install_adaln_curves(model, table: torch.Tensor) -> None:
     model.time_proj = torch.nn.Identity()
     model.time_embedder = AdalnCurveEmbedding(table)
     for block in model.transformer_blocks:
+        block.adaln_proj._h3_block_dtype = block_dtype
         block.adaln_proj.forward = types.MethodType(_curve_modulation_forward, block.adaln_proj)
     model.norm_out.forward = types.MethodType(_curve_norm_out_forward, model.norm_out)
     model.adaln_curve_grid = int(table.shape[0])
@@ -200,7 +204,7 @@ def load_h3_transformer_gguf(path: str | os.PathLike, config: dict | str | os.Pa
                                     f"the model {list(model.rope.inv_freq.shape)}")
         model.rope.inv_freq.copy_(inv_freq.to(torch.float32))
     if table is not None:
-        install_adaln_curves(model, table)
+        install_adaln_curves(model, table, block_dtype=torch_dtype)
         for module in [*(b.adaln_proj for b in model.transformer_blocks), model.norm_out]:
             module.linear.to(torch.float32)
             if hasattr(module.linear, "compute_dtype"):

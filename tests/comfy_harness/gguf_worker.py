@@ -192,6 +192,18 @@ def run_checks(root: str, tmp: str) -> dict:
                                                  "all_layers_f32": total}
     check("memory/per-layer-dequant-peak", peak)
 
+    def mapped():
+        # nothing copied at load: every quantised weight's bytes are the memory map's (addresses inside it)
+        import numpy as np
+
+        ours = comfy_gguf.load_gguf_dit(path, dtype=torch.float32)
+        gguf_file = ours.model.gguf_file
+        start = min(np.asarray(info.raw).ctypes.data - info.offset for info in gguf_file.tensors.values())
+        layers = [m for m in ours.model.diffusion_model.modules() if comfy_gguf.is_gguf_linear(m)]
+        inside = [start <= m.weight.data_ptr() < start + gguf_file.file_bytes for m in layers]
+        return len(layers) == 15 and all(inside), {"layers": len(layers), "inside the map": sum(inside)}
+    check("memory/quantised-weights-view-the-map", mapped)
+
     def node():
         import folder_paths
 
