@@ -78,6 +78,17 @@ def dequantize_weight(raw, qtype: str, shape: tuple[int, ...], dtype, device):
     return out if out.dtype == dtype else out.to(dtype)
 
 
+def dequant_peak_bytes(module, patched: bool = False) -> int:
+    """Bytes a quantised layer's forward adds on its device while its weight is in use: the float32 decode plus
+    its cast to the model dtype (plus a float32 LoRA intermediate when `patched`)."""
+    import torch
+
+    count = module.out_features * module.in_features
+    store = module.weight_comfy_model_dtype or torch.float32
+    cast = 0 if store == torch.float32 else count * store.itemsize
+    return count * 4 + cast + (2 * count * 4 if patched else 0)
+
+
 def _linear_mixin():
     """The GGUF `Linear` behaviour, as a mixin over the Linear of the op set the stock loader would pick."""
     import torch
@@ -203,6 +214,22 @@ def _patcher_class():
                 return patch(weight) if patch is not None else weight
             module.gguf_lora = patch
             return module.weight
+
+        def _load_list(self, for_dynamic=False, default_device=None):
+            # the offload cost of a quantised layer is its dequantised weight (float32 decode + the cast), not
+            # its bytes x the model dtype that the stock estimate takes from the uint8 parameter
+            loading = super()._load_list(for_dynamic=for_dynamic, default_device=default_device)
+            if for_dynamic:
+                return loading
+            corrected = []
+            for entry in loading:
+                module = entry[-2]
+                if is_gguf_linear(module):
+                    module_mem = entry[-4]
+                    entry = (module_mem + dequant_peak_bytes(module, f"{entry[-3]}.weight" in self.patches),
+                             *entry[1:])
+                corrected.append(entry)
+            return corrected
 
         def unpatch_model(self, device_to=None, unpatch_weights=True):
             if unpatch_weights:
@@ -350,4 +377,4 @@ def load_gguf_dit(path: str | os.PathLike, dtype=None, load_device=None, offload
     return patcher
 
 
-__all__ = ["dequantize_weight", "is_gguf_linear", "load_gguf_dit", "make_ops"]
+__all__ = ["dequant_peak_bytes", "dequantize_weight", "is_gguf_linear", "load_gguf_dit", "make_ops"]

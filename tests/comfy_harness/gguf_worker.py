@@ -201,7 +201,12 @@ def run_checks(root: str, tmp: str) -> dict:
         start = min(np.asarray(info.raw).ctypes.data - info.offset for info in gguf_file.tensors.values())
         layers = [m for m in ours.model.diffusion_model.modules() if comfy_gguf.is_gguf_linear(m)]
         inside = [start <= m.weight.data_ptr() < start + gguf_file.file_bytes for m in layers]
-        return len(layers) == 15 and all(inside), {"layers": len(layers), "inside the map": sum(inside)}
+        # ComfyUI's lowvram planning sees a quantised layer's offload cost as its decode, not bytes x dtype
+        entries = {entry[-3]: entry for entry in ours._load_list()}
+        fc1 = entries["diffusion_model.blocks.0.mlp.fc1"]
+        expected = fc1[-4] + 4 * fc1[-2].out_features * fc1[-2].in_features
+        return (len(layers) == 15 and all(inside) and fc1[0] == expected,
+                {"layers": len(layers), "inside the map": sum(inside), "fc1 offload": (fc1[0], expected)})
     check("memory/quantised-weights-view-the-map", mapped)
 
     def node():
