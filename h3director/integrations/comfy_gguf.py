@@ -19,7 +19,8 @@ ComfyUI's `comfy.ldm.minimax.model.MiniMaxH3Model`, configured by ComfyUI's own 
 LoRA: `GGUFModelPatcher.patch_weight_to_device` never bakes a patch into quantised bytes; the patch is
 applied on the fly to the dequantised weight (in the lowvram path ComfyUI's own `LowVramPatch` in
 `weight_function` does the same; one patch per key is applied, never both). ComfyUI's lowvram loading
-works unchanged (a quantised layer's size is its bytes). Under Dynamic VRAM this patcher is the classic
+works unchanged: a quantised layer's size is its bytes, and its offload cost (what lowvram planning reserves
+while it runs) is its float32 decode plus the cast (`dequant_peak_bytes`). Under Dynamic VRAM this patcher is the classic
 one (it subclasses `ModelPatcher`, not `ModelPatcherDynamic`): the GGUF MODEL is loaded and offloaded by
 module, which ComfyUI supports beside dynamic models.
 
