@@ -17,7 +17,7 @@ def test_demo_writes_video_plot_and_reports_identical(tmp_path, capsys):
     assert code == 0, out
     assert "identical decoded video (float32, every frame): yes" in out
     assert "identical uint8 frames (vs the pipeline's post-processing): yes" in out
-    assert "identical audio: yes" in out
+    assert "identical audio (one decoder call for its 65 latent frames, not chunked): yes" in out
     assert "stock (vae.decode + post-processing)" in out and "director (stream_decode -> MP4)" in out
 
     folder = tmp_path / "out"
@@ -47,7 +47,22 @@ def test_demo_reports_a_difference_when_the_stock_output_changes(tmp_path, capsy
     out = capsys.readouterr().out
     assert code == 1
     assert "identical decoded video (float32, every frame): NO" in out
-    assert "identical audio: yes" in out
+    assert "identical audio (one decoder call for its 65 latent frames, not chunked): yes" in out
+
+
+def test_demo_checks_chunked_audio_against_a_tolerance_not_identity(tmp_path, capsys, monkeypatch):
+    import h3director.integrations.load_vae as load_vae
+    from h3director.integrations.diffusers_h3_audio import H3AudioAdapter
+
+    monkeypatch.setattr(load_vae, "audio_adapter_for", lambda vae: H3AudioAdapter(vae, chunk_seconds=0.5))
+    code = main(["demo", "--out", str(tmp_path / "out"), *SMALL])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    line = next(line for line in out.splitlines() if line.startswith("audio within"))
+    # 65 latent frames in chunks of 20 (0.5 s x 40/s): 4 decoder calls
+    assert line.startswith("audio within 1.2e-07 of the stock decode (decoded in 4 chunks of up to 20 latent "
+                           "frames, which changes float32 rounding): yes (max |difference| ")
+    assert "identical audio" not in out
 
 
 def test_demo_refuses_lengths_the_stock_decode_cannot_take(tmp_path, capsys):
