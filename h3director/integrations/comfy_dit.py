@@ -67,14 +67,21 @@ def _comfy():
 
 
 def linear_kind(layer) -> tuple[str, str | None]:
-    """How `run_block` may use a linear layer: ("cast" | "plain", None) when its forward is `F.linear`
-    with (cast) weights, so weight rows can be sliced; ("stock", reason) when it must be called as is."""
+    """How `run_block` may use a linear layer: ("cast" | "plain" | "gguf", None) when its forward is
+    `F.linear` with (cast, or dequantised) weights, so weight rows can be sliced; ("stock", reason) when it
+    must be called as is. "gguf": a layer of the GGUF DiT loader (`h3director.integrations.comfy_gguf`),
+    whose forward is `F.linear(x, *layer.gguf_weight_bias(x))`."""
     import torch
 
     _, _, ops, quant_ops = _comfy()
     weight = getattr(layer, "weight", None)
     if weight is None:
         return "stock", "weights not materialised"
+    if callable(getattr(layer, "gguf_weight_bias", None)):
+        if getattr(layer, "gguf_qtype", None) is not None:
+            return "gguf", None
+        casts = bool(layer.comfy_cast_weights or layer.weight_function or layer.bias_function)
+        return ("cast" if casts else "plain"), None      # stored unquantised: the base layer's forward
     if (isinstance(weight, quant_ops.QuantizedTensor) or getattr(layer, "layout_type", None) is not None
             or getattr(layer, "pre_quant_scale", None) is not None):
         return "stock", "quantised weights"
@@ -100,6 +107,8 @@ class _Weights:
         if kind == "cast":
             self.weight, self.bias, self.stream = ops.cast_bias_weight(layer, like, offloadable=True,
                                                                        compute_dtype=like.dtype)
+        elif kind == "gguf":
+            self.weight, self.bias = layer.gguf_weight_bias(like)     # dequantised once per block
         else:
             self.weight, self.bias = layer.weight, layer.bias
 
