@@ -9,6 +9,9 @@
 #                       once per machine outside the clone, in
 #                       ${XDG_CACHE_HOME:-~/.cache}/h3director/comfyui-venv-<hash of the pins and Python>
 #                       (or $H3_COMFYUI_VENV), and .comfy/venv links to it, so fresh clones reuse it.
+#   .venv               gets the few packages ComfyUI's model code needs to import beside .venv's own
+#                       torch (comfy-kitchen, comfy-aimdo, einops, torchsde; pins from the same file):
+#                       the DiT tests import comfy.ldm.minimax in-process.
 #   .comfy/ready        written last; the tests use .comfy only when it exists.
 #   .comfy/unavailable  the reason, when there is no snapshot: the tests then skip with it.
 set -euo pipefail
@@ -46,8 +49,8 @@ else
     exit 0
 fi
 
-# 2. The Python environment, keyed by the pins and the interpreter.
-key=$( { cat "$REQUIREMENTS"; "$PY" -c 'import platform, sys; print(sys.version, platform.machine())'; } \
+# 2. The Python environment, keyed by the pins (not the comments) and the interpreter.
+key=$( { grep -v -e '^#' -e '^$' "$REQUIREMENTS"; "$PY" -c 'import platform, sys; print(sys.version, platform.machine())'; } \
        | sha256 /dev/stdin | cut -c1-16)
 VENV=${H3_COMFYUI_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/h3director/comfyui-venv-$key}
 case "$VENV" in /*) ;; *) VENV=$REPO/$VENV ;; esac
@@ -83,6 +86,14 @@ import torchaudio, torchvision  # their native parts must load beside this torch
 if [ "$VENV" != "$STATE/venv" ]; then
     if [ -d "$STATE/venv" ] && [ ! -L "$STATE/venv" ]; then rm -rf "$STATE/venv"; fi
     ln -sfn "$VENV" "$STATE/venv"
+fi
+
+# 3. ComfyUI's model code importable in .venv.
+if [ -x .venv/bin/python ] && ! .venv/bin/python -c "
+import importlib.util, sys
+sys.exit(any(importlib.util.find_spec(m) is None for m in ('comfy_kitchen', 'comfy_aimdo', 'einops', 'torchsde')))"
+then
+    .venv/bin/python -m pip install -q $(grep -E '^(comfy-kitchen|comfy-aimdo|einops|torchsde)==' "$REQUIREMENTS")
 fi
 
 echo "$STATE/ComfyUI" > "$STATE/ready"

@@ -155,7 +155,8 @@ def test_pack_nodes_are_listed(comfy):
     ours = sorted(k for k in info if k.startswith("H3Director"))
     assert ours == sorted(["H3DirectorDecodeAVStreaming", "H3DirectorMonitorStart", "H3DirectorMonitorStop",
                            "H3DirectorMemoryGuard", "H3DirectorSharedWrite", "H3DirectorSharedRead",
-                           "H3DirectorFrameOffset", "H3DirectorPlan", "H3DirectorDiTMemory"])
+                           "H3DirectorFrameOffset", "H3DirectorPlan", "H3DirectorDiTMemory",
+                           "H3DirectorGGUFDiTLoader"])
     assert all(info[k]["category"].startswith("H3 Director/") for k in ours)
     extensions = json.loads(_get(f"{comfy['url']}/extensions")[1])
     assert any(e.endswith("h3director.js") for e in extensions)
