@@ -1,0 +1,6 @@
+"""Audio/video timing: A/V offset measurement, sample-exact shifting and stitching (plain numpy + PyAV).
+
+Sits beside `video/` (layer 3): it imports `core/` and below, never diffusers or ComfyUI.
+Convention used throughout: an offset in milliseconds is positive when the audio is late (a sound
+comes after the picture event it belongs to).
+"""
