@@ -342,3 +342,36 @@ def audio_latent_frames_for(frames: int, fps: int = VIDEO_FPS) -> int:
 def audio_samples_for(audio_latent_frames: int) -> int:
     """Audio samples (per channel) decoded from `audio_latent_frames` latent frames (hop 800)."""
     return audio_latent_frames * AUDIO_HOP
+
+
+CHAIN_OVERLAP = CLIP_LENGTH + 5
+"""Frames two consecutive segments of a long-form chain share (22 = 17 + 5): the next segment is
+conditioned on the previous one's last 22 frames (one encoder clip plus the grid's 5, 7 latent frames)."""
+
+
+def chain_segments(frames: int, max_segment_frames: int, overlap: int = CHAIN_OVERLAP) -> tuple[int, ...]:
+    """Segment lengths of the shortest chain that renders exactly `frames` frames, every length on the grid.
+
+    Consecutive segments share `overlap` frames, so the chain's length is ``sum(segments) - (k - 1) * overlap``
+    and equals `frames` exactly. With all three of `frames`, `overlap` and every segment on the 17n+5 grid
+    that sum is on the grid too: segments ``17 n_i + 5`` and overlap ``17 m + 5`` give
+    ``17 (sum(n_i) - (k - 1) m) + 5``. `k` is the fewest segments of at most `max_segment_frames` frames
+    that cover `frames`; the grid steps are spread evenly (lengths differ by at most 17, longer ones first),
+    so 362 frames with segments of up to 294 give (192, 192), not (294, 90). A request that fits in one
+    segment gives ``(frames,)``. Every segment is longer than `overlap`.
+    """
+    for name, value in (("frames", frames), ("max_segment_frames", max_segment_frames), ("overlap", overlap)):
+        if not is_on_grid(value):
+            low, high = nearest_grid_frames(value)
+            raise InvalidInputError(f"chain {name} {value} is off H3's 17n+5 grid (nearest: {low} or {high})")
+    if frames <= max_segment_frames:
+        return (frames,)
+    if max_segment_frames <= overlap:
+        raise InvalidInputError(f"chain segments of at most {max_segment_frames} frames cannot advance past an "
+                                f"overlap of {overlap} frames: a segment must be longer than the overlap")
+    m = (overlap - 5) // CLIP_LENGTH
+    n_total = (frames - 5) // CLIP_LENGTH
+    k = math.ceil((frames - overlap) / (max_segment_frames - overlap))
+    steps = n_total + (k - 1) * m                       # sum of the segments' n
+    base, extra = divmod(steps, k)
+    return tuple(CLIP_LENGTH * (base + (1 if i < extra else 0)) + 5 for i in range(k))

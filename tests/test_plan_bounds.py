@@ -144,7 +144,7 @@ def test_the_bisection_finds_the_chunk_the_grid_walk_finds(width, height, frames
         assert walked is None or advice is not None
         return
     assert walked is not None
-    assert (advice.long_form.chunk_frames, advice.request) == walked
+    assert advice.long_form.max_chunk_frames == walked[0]     # the chain is then balanced below it
 
 
 def test_nothing_fits_quotes_a_need_above_what_is_usable():

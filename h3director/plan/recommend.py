@@ -22,7 +22,6 @@ on the CPU the text encoder is placed on the CPU. A returned `Recommendation` al
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -40,7 +39,7 @@ CHUNKINGS = ((1, 1), (1, 2), (2, 8), (4, 8), (8, 16), (14, 28), (28, 56), (56, 1
 DIT_MEMORY_NODE = "H3Director DiT Memory"
 DECODE_TILES = (None, 4, 2, 1)
 SINK_ORDER = ("uint8", "memmap")
-LONG_FORM_OVERLAP = 22      # frames (17 + 5): one encoder clip plus the grid's 5, reused as conditioning
+LONG_FORM_OVERLAP = geometry.CHAIN_OVERLAP   # 22 frames (17 + 5): one encoder clip plus the grid's 5, reused as conditioning
 DEFAULT_MARGIN = 0.10
 DEFAULT_RESERVE = 768 * MiB
 
@@ -78,12 +77,36 @@ class Budget:
 
 
 @dataclass(frozen=True)
+class SegmentPlan:
+    """One segment of a long-form chain: its frames, the latent frames it is conditioned on (0 for the
+    first), and the predicted peaks of its generation with the recommendation's settings, in bytes."""
+
+    frames: int
+    conditioning_latent_frames: int
+    peak_device_bytes: int
+    peak_host_bytes: int
+
+
+@dataclass(frozen=True)
 class LongForm:
-    """Generate `chunks` chunks of `chunk_frames` frames, each overlapping the previous by `overlap_frames`."""
+    """Generate the chain `segments` (frame counts on the 17n+5 grid, from `geometry.chain_segments`), each
+    segment after the first conditioned on the previous one's last `overlap_frames` frames, so that
+    ``sum(segments) - (chunks - 1) * overlap_frames`` is exactly the requested length.
+
+    `chunk_frames` is the longest segment, `chunks` their number, `max_chunk_frames` the longest segment
+    that fits the budget (the chain is balanced below it); `plans` prices each segment."""
 
     chunk_frames: int
     overlap_frames: int
     chunks: int
+    segments: tuple[int, ...] = ()
+    max_chunk_frames: int = 0
+    plans: tuple[SegmentPlan, ...] = ()
+
+    @property
+    def total_frames(self) -> int:
+        """Frames of the stitched video: the segments minus one overlap per join."""
+        return sum(self.segments) - (len(self.segments) - 1) * self.overlap_frames
 
 
 @dataclass(frozen=True)
@@ -140,8 +163,14 @@ class Recommendation:
         ]
         if self.long_form:
             lf = self.long_form
-            lines.append(f"  long-form         {lf.chunks} chunks of {lf.chunk_frames} frames, "
-                         f"{lf.overlap_frames}-frame overlap")
+            lengths = " + ".join(str(f) for f in lf.segments)
+            lines.append(f"  long-form         {lf.chunks} segments ({lengths} frames), {lf.overlap_frames}-frame "
+                         f"overlap -> {lf.total_frames} frames; join with `h3director stitch --overlap "
+                         f"{lf.overlap_frames}`")
+            for i, plan in enumerate(lf.plans):
+                lines.append(f"    segment {i + 1}: {plan.frames} frames, {plan.conditioning_latent_frames} latent "
+                             f"frames of conditioning, peak device {format_size(plan.peak_device_bytes)}, "
+                             f"host {format_size(plan.peak_host_bytes)}")
         if unified:
             need = max(p.device_bytes + p.host_bytes for p in self.estimate.phases)
             lines.append(f"  predicted peak    {format_size(need)} (device and host columns together)")
@@ -286,6 +315,30 @@ def _longest_chunk(request: PlanRequest, budget: Budget, formats: Sequence[str],
     return geometry.CLIP_LENGTH * low + 5, best
 
 
+def _chain(request: PlanRequest, budget: Budget, formats: Sequence[str], longest: int, overlap: int,
+           rejected: list[str]) -> Recommendation:
+    """The chain sized to `request.frames` with segments of at most `longest` frames (which fits), the
+    settings for its longest segment (conditioned on `overlap` frames), and each segment priced with them."""
+    segments = geometry.chain_segments(request.frames, longest, overlap)
+    cond = geometry.latent_frames_for(overlap)
+    chosen = _fit_length(_replace(request, frames=max(segments), keyframes=request.keyframes + cond), budget,
+                         formats, [])
+    if chosen is None:   # pragma: no cover - a chunk no longer than one that fits always fits
+        raise AssertionError(f"a {max(segments)}-frame segment does not fit though {longest} frames do")
+    priced: dict[tuple[int, int], SegmentPlan] = {}      # at most 3 distinct segments: O(1) estimates
+    plans = []
+    for i, frames in enumerate(segments):
+        key = (frames, cond if i else 0)
+        if key not in priced:
+            seg = estimate(_replace(chosen, frames=frames, keyframes=request.keyframes + key[1]))
+            priced[key] = SegmentPlan(frames=frames, conditioning_latent_frames=key[1],
+                                      peak_device_bytes=seg.peak_device_bytes, peak_host_bytes=seg.peak_host_bytes)
+        plans.append(priced[key])
+    long_form = LongForm(chunk_frames=max(segments), overlap_frames=overlap, chunks=len(segments),
+                         segments=segments, max_chunk_frames=longest, plans=tuple(plans))
+    return Recommendation(chosen, estimate(chosen), budget, long_form=long_form, rejected=tuple(rejected))
+
+
 def recommend(request: PlanRequest, budget: Budget | int, *, formats: Sequence[str] | None = None,
               host_bytes: int | None = None) -> Recommendation:
     """Settings for `request` that fit `budget` (a `Budget`, or device bytes plus `host_bytes`;
@@ -324,10 +377,8 @@ def recommend(request: PlanRequest, budget: Budget | int, *, formats: Sequence[s
     overlap = LONG_FORM_OVERLAP
     found = _longest_chunk(request, budget, formats, overlap)
     if found is not None:
-        chunk, chosen = found
-        chunks = 1 + math.ceil((request.frames - chunk) / (chunk - overlap))
-        long_form = LongForm(chunk_frames=chunk, overlap_frames=overlap, chunks=chunks)
-        return Recommendation(chosen, estimate(chosen), budget, long_form=long_form, rejected=tuple(rejected))
+        longest, _ = found
+        return _chain(request, budget, formats, longest, overlap, rejected)
     shape = DiTShape.from_config(request.dit_config)
     heads, ffn = _chunkings(shape)[-1]
     smallest = estimate(_replace(request, frames=geometry.nearest_grid_frames(overlap + 1)[1],
