@@ -34,5 +34,6 @@ def detect_budget(device: str = "auto", *, host_bytes: int | None = None) -> tup
         limit = int(torch.mps.recommended_max_memory())
         return (Budget(device_bytes=limit, host_bytes=host, device="mps"),
                 f"mps: unified memory, {limit / 2**30:.1f} GiB recommended maximum; planned as one memory")
+    why = "--device cpu" if wanted == "cpu" else "no CUDA or MPS device"
     return (Budget(device_bytes=host, host_bytes=host, device="cpu"),
-            f"no CUDA or MPS device: planning a CPU run in host RAM ({host / 2**30:.1f} GiB available)")
+            f"{why}: planning a CPU run in host RAM ({host / 2**30:.1f} GiB available)")
