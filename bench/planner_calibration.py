@@ -1,5 +1,6 @@
-"""Calibration table of the planner's byte model (docs/PLANNER.md): held-out small configs of the real
-diffusers H3 classes, peak live tensor bytes measured on the CPU vs predicted from the configs.
+"""Calibration table of the planner's byte model (docs/PLANNER.md): small configs of the real diffusers H3
+classes, peak live tensor bytes measured on the CPU vs predicted from the configs. Not held out: two of
+the cases were run while the byte model was written (see docs/PLANNER.md).
 
 Run: .venv/bin/python bench/planner_calibration.py
 """

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-time set-up on a fresh machine: a virtual environment in .venv with H3 Director and
-# everything its demo, benchmarks and tests need (CPU build of PyTorch). Safe to rerun.
+# everything its demo, benchmarks and tests need. Safe to rerun.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -8,7 +8,11 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-# PyTorch is pinned so pip takes the CPU build instead of resolving a multi-GB CUDA build.
+# PyTorch is pinned to a version (H3_TORCH_VERSION overrides it), not to a build: pip installs the build the
+# configured package index serves for that version. The build machine's index serves the CPU build
+# (2.13.0+cpu). The default package index serves the CUDA build (with NVIDIA's libraries, a much larger
+# download) on Linux x86_64, which is the one a CUDA machine needs, and the MPS-capable build on macOS.
+# For the CPU build there, point pip at PyTorch's CPU wheel index (PIP_EXTRA_INDEX_URL) before running this.
 .venv/bin/python -m pip install -q "torch==${H3_TORCH_VERSION:-2.13.0}"
 .venv/bin/python -m pip install -q -e ".[test]"
 # The vendored ComfyUI for the real-ComfyUI tests (skipped with a message when ../shared/vendor is absent).
