@@ -31,6 +31,8 @@ COMMANDS: dict[str, str] = {
     "config": "config",
     "verify-kernels": "verify_kernels",
     "weights": "weights",
+    "avsync": "avsync",
+    "stitch": "stitch",
 }
 
 

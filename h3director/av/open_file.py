@@ -1,0 +1,29 @@
+"""Opening media files with PyAV for the stitcher, with one clear error for every way that fails."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from h3director.errors import InvalidInputError
+
+
+def import_av():
+    """PyAV, or an `InvalidInputError` naming the extra that installs it."""
+    try:
+        import av
+    except ImportError as exc:  # pragma: no cover - av is a declared dependency of the "video" extra
+        raise InvalidInputError("stitching needs PyAV: pip install 'h3director[video]'") from exc
+    return av
+
+
+def open_input(path: str | os.PathLike):
+    """Open `path` for reading; a missing file or one FFmpeg cannot open is an `InvalidInputError`."""
+    av = import_av()
+    source = Path(path)
+    if not source.is_file():
+        raise InvalidInputError(f"{source}: no such file")
+    try:
+        return av.open(str(source), mode="r")
+    except (av.FFmpegError, OSError, ValueError) as exc:
+        raise InvalidInputError(f"{source}: not a readable media file ({exc})") from None

@@ -1,0 +1,167 @@
+"""Stitching chained segments (h3director.av.stitch): exact counts, blends, exactness outside overlaps, refusals."""
+
+from __future__ import annotations
+
+import os
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+pytest.importorskip("av")
+
+from h3director.av.chain_clips import write_segment  # noqa: E402
+from h3director.av.segment_audio import SampleReader  # noqa: E402
+from h3director.av.stitch import inspect_segment, stitch_files  # noqa: E402
+from h3director.av.stitch_check import compare_stitch  # noqa: E402
+from h3director.av.timeline import Timeline, sample_at  # noqa: E402
+from h3director.cli import main  # noqa: E402
+from h3director.errors import InvalidInputError  # noqa: E402
+
+W, H, OV = 64, 48, 22
+
+
+def _chain(folder, lengths, **kw):
+    paths = []
+    for s, frames in enumerate(lengths):
+        path = folder / f"seg{s}{kw.get('ext', '.mkv')}"
+        opts = {k: v for k, v in kw.items() if k != "ext"}
+        write_segment(path, segment=s, frames=frames, overlap=OV, width=W, height=H, **opts)
+        paths.append(path)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    return _chain(tmp_path_factory.mktemp("chain"), (56, 73, 50))
+
+
+def _visible(folder):
+    return sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+
+
+@pytest.mark.parametrize("blend", ["cut", "crossfade"])
+def test_lossless_stitch_is_exact_outside_the_overlaps(chain, tmp_path, blend):
+    out = tmp_path / "out.mkv"
+    report = stitch_files(chain, out, OV, blend=blend, video_codec="ffv1")
+    assert report.frames == 56 + 73 + 50 - 2 * OV
+    assert report.samples == sample_at(report.frames, Fraction(24), 32_000)
+    check = compare_stitch(chain, out, OV, blend)
+    assert check.output_frames == report.frames and check.output_samples == report.samples
+    assert check.exact and check.samples_checked > 0
+    # cut keeps the earlier segment through the overlap: every frame has one source; crossfade blends 2 x 22
+    assert check.frames_checked == (report.frames if blend == "cut" else report.frames - 2 * OV)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]     # no temporary left
+
+
+def test_crossfade_frames_lie_between_the_two_segments(chain, tmp_path):
+    import av
+
+    out = tmp_path / "x.mkv"
+    stitch_files(chain, out, OV, blend="crossfade", video_codec="ffv1")
+    def frame(path, index):
+        with av.open(str(path)) as c:
+            for i, f in enumerate(c.decode(video=0)):
+                if i == index:
+                    return f.to_ndarray().astype(int)
+    j = 10                                             # overlap frame 10 of the first join: output frame 34 + 10
+    a, b, mixed = frame(chain[0], 56 - OV + j), frame(chain[1], j), frame(out, 56 - OV + j)
+    w = (j + 1) / (OV + 1)
+    assert np.abs(mixed - (a * (1 - w) + b * w)).max() <= 1
+    assert not np.array_equal(mixed, a) and not np.array_equal(mixed, b)
+
+
+def test_audio_is_crossfaded_with_equal_power_at_the_join_instant(chain, tmp_path):
+    out = tmp_path / "a.mkv"
+    stitch_files(chain, out, OV, blend="cut", video_codec="ffv1")
+    timeline = Timeline((56, 73, 50), OV, Fraction(24), 32_000)
+    join, end = sample_at(56 - OV, Fraction(24), 32_000), sample_at(56, Fraction(24), 32_000)
+    assert (join, end) == (45333, 74667)               # 34 x 4000/3 = 45333.3, 56 x 4000/3 = 74666.7
+    assert timeline.audio_regions()[1].start == join and timeline.audio_regions()[1].stop == end
+    readers = [SampleReader(p) for p in (out, chain[0], chain[1])]
+    got, first, second = readers[0].read(end), readers[1].read(end), readers[2].read(end - join)
+    for r in readers:
+        r.close()
+    t = (np.arange(end - join) + 0.5) / (end - join)
+    want = np.rint(first[:, join:].astype(float) * np.cos(np.pi * t / 2) + second * np.sin(np.pi * t / 2))
+    assert np.array_equal(got[:, join:], want.astype(np.int16))
+    assert np.array_equal(got[:, :join], first[:, :join])
+
+
+def test_cli_writes_and_reports(chain, tmp_path, capsys):
+    out = tmp_path / "cli.mp4"
+    assert main(["stitch", *map(str, chain), "--overlap", "22", "--blend", "cut", "--out", str(out)]) == 0
+    assert "135 frames from 3 segments" in capsys.readouterr().out
+    assert inspect_segment(out).frames == 135
+    import av
+    with av.open(str(out)) as c:
+        assert sum(1 for p in c.demux(video=0) if p.size) == 135
+
+
+def test_the_lossless_h264_path_is_byte_equal_too(chain, tmp_path):
+    out = tmp_path / "l.mp4"
+    stitch_files(chain, out, OV, blend="crossfade", video_codec="h264-lossless", preset="ultrafast")
+    assert compare_stitch(chain, out, OV, "crossfade").exact
+
+
+def _refused(paths, out, match, **kw):
+    with pytest.raises(InvalidInputError, match=match):
+        stitch_files(paths, out, kw.pop("overlap", OV), video_codec="ffv1", **kw)
+    assert not out.exists() and not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}")]
+
+
+def test_bad_inputs_are_refused_before_any_output(chain, tmp_path):
+    out = tmp_path / "bad.mkv"
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    big = odd / "big.mkv"
+    write_segment(big, segment=1, frames=60, overlap=OV, width=96, height=48)
+    _refused([chain[0], big], out, "size 96x48 differs")
+    fast = odd / "fast.mkv"
+    write_segment(fast, segment=1, frames=60, overlap=OV, width=W, height=H, fps=30)
+    _refused([chain[0], fast], out, "frame rate 30 differs")
+    rate = odd / "rate.mkv"
+    write_segment(rate, segment=1, frames=60, overlap=OV, width=W, height=H, rate=48_000)
+    _refused([chain[0], rate], out, "sample rate 48000 differs")
+    mono = odd / "mono.mkv"
+    write_segment(mono, segment=1, frames=60, overlap=OV, width=W, height=H, channels=1)
+    _refused([chain[0], mono], out, "audio channels 1 differs")
+    silent = odd / "silent.mkv"
+    write_segment(silent, segment=1, frames=60, overlap=OV, width=W, height=H, audio=False)
+    _refused([chain[0], silent], out, "no audio stream")
+    short = odd / "short.mkv"
+    write_segment(short, segment=1, frames=60, overlap=OV, width=W, height=H, audio_samples=60_000)
+    _refused([chain[0], short], out, "more than one frame of sound is missing")
+    _refused(chain, out, "needs more frames than the overlap", overlap=60)
+    _refused(chain, out, r"at least 2 x overlap = 80", overlap=40)
+    junk = odd / "junk.mkv"
+    junk.write_bytes(b"not a video" * 100)
+    _refused([chain[0], junk], out, "not a readable media file|unreadable")
+    _refused([chain[0], odd / "missing.mkv"], out, "no such file")
+    cut = odd / "cut.mp4"
+    write_segment(cut, segment=1, frames=60, overlap=OV, width=W, height=H, video_codec="libx264",
+                  audio_codec="aac")
+    cut.write_bytes(cut.read_bytes()[: os.path.getsize(cut) // 2])
+    _refused([chain[0], cut], out, "truncated|unreadable|not a readable")
+    _refused(chain, tmp_path / "bad.mp4", "ffv1 video needs a .mkv")
+
+
+def test_a_failure_midway_keeps_an_existing_output_and_leaves_no_temporary(chain, tmp_path, monkeypatch):
+    from h3director.av import stitch as stitch_module
+
+    out = tmp_path / "keep.mkv"
+    out.write_bytes(b"previous result")
+    calls = {"n": 0}
+    real = stitch_module._blend
+
+    def failing(*args):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise RuntimeError("disk full")
+        return real(*args)
+
+    monkeypatch.setattr(stitch_module, "_blend", failing)
+    with pytest.raises(RuntimeError, match="disk full"):
+        stitch_files(chain, out, OV, blend="crossfade", video_codec="ffv1")
+    assert out.read_bytes() == b"previous result"
+    assert _visible(tmp_path) == ["keep.mkv"] and len(list(tmp_path.iterdir())) == 1
