@@ -58,6 +58,9 @@ class LastFrameTap(FrameSink):
         if start + frames.shape[2] == self._spec.frames:
             self.last_frame = float_pixels(frames[0, :, -1:], self._spec).clone()
 
+    def use_buffers(self, buffers) -> None:
+        self.inner.use_buffers(buffers)
+
     def write_audio(self, samples: torch.Tensor, sample_rate: int) -> None:
         self.inner.write_audio(samples, sample_rate)
 

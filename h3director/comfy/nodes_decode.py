@@ -14,6 +14,7 @@ OUTPUT_IMAGES = "images"
 
 def _report_text(report, target: str | None) -> str:
     lines = [f"frames: {report.frames} in {report.clips} clips, {report.seconds:.1f} s"]
+    lines.extend(report.notes)
     if report.audio_samples:
         lines.append(f"audio: {report.audio_samples} samples per channel")
     if report.preflight is not None:
@@ -91,6 +92,7 @@ class DecodeAVStreaming(io.ComfyNode):
         from h3director.comfy import runtime
         from h3director.comfy.image_sink import ComfyImageSink, LastFrameTap
         from h3director.integrations.comfy_vae import ComfyH3AudioAdapter, ComfyH3VideoAdapter
+        from h3director.video.levels import describe_buffers
         from h3director.video.scheduler import AudioJob, stream_decode
 
         av_latent = split_av_latent(samples)
@@ -129,20 +131,68 @@ class DecodeAVStreaming(io.ComfyNode):
             sink = ComfyImageSink()
 
         from h3director.comfy.live import phase
+        from h3director.comfy.settings import pack_config
 
+        config = pack_config()
+        if not config.features().streaming_decode:
+            return _reference_decode(vae, video, av_latent.audio, audio_adapter, output, target, fps, crf)
         budget = int(budget_gb * GiB) if budget_gb else None
         with phase("H3 streaming decode"):
             # audio first: loading the audio VAE may move the video VAE off the device
             waveform = audio_adapter.decode(av_latent.audio) if audio_adapter is not None else None
             make_room_for_decode(vae, adapter, clip_bytes)
             report = stream_decode(adapter, video, sink, budget_bytes=budget, audio=audio_job,
-                                   on_progress=_progress_callback())
+                                   on_progress=_progress_callback(), config=config)
+            report.notes.append(describe_buffers(report))
         audio_out = None if waveform is None else {"waveform": waveform, "sample_rate": audio_adapter.sample_rate}
         text = _report_text(report, str(target.path) if target else None)
         if output == OUTPUT_VIDEO:
             preview = ui.PreviewVideo([ui.SavedResult(target.filename, target.subfolder, io.FolderType.output)])
             return io.NodeOutput(sink.last_frame, audio_out, text, ui=preview)
         return io.NodeOutput(report.result, audio_out, text)
+
+
+def _reference_decode(vae, video, audio_latent, audio_adapter, output, target, fps, crf) -> io.NodeOutput:
+    """Memory level 0: ComfyUI's own `vae.decode` of the whole video (what VAE Decode runs), no streaming.
+
+    'images' returns its IMAGE as it is; 'video_file' encodes those frames (already display pixels in
+    [0, 1]) into the MP4 with the soundtrack."""
+    import time
+
+    import torch
+
+    from h3director.video.levels import REFERENCE_NOTE
+    from h3director.video.sink import StreamSpec
+
+    started = time.perf_counter()
+    waveform = audio_adapter.decode(audio_latent) if audio_adapter is not None else None
+    images = vae.decode(video)
+    if images.ndim == 5:   # [B, F, H, W, C] -> ComfyUI's IMAGE [B * F, H, W, C], as VAE Decode does
+        images = images.reshape(-1, *images.shape[-3:])
+    audio_out = None if waveform is None else {"waveform": waveform, "sample_rate": audio_adapter.sample_rate}
+    lines = [f"frames: {images.shape[0]} in one call, {time.perf_counter() - started:.1f} s", REFERENCE_NOTE]
+    if output != OUTPUT_VIDEO:
+        return io.NodeOutput(images, audio_out, "\n".join(lines))
+    from h3director.video.sinks import VideoFileSink
+
+    frames = images.movedim(-1, 0).unsqueeze(0)      # [1, C, F, H, W], display pixels
+    channels = frames.shape[1]
+    spec = StreamSpec(batch=1, channels=channels, frames=frames.shape[2], height=frames.shape[3],
+                      width=frames.shape[4], fps=fps, pixel_mean=(0.0,) * channels, pixel_std=(1.0,) * channels)
+    sink = VideoFileSink(target.path, fps=fps, crf=crf,
+                         audio_sample_rate=audio_adapter.sample_rate if waveform is not None else None)
+    sink.begin(spec)
+    try:
+        if waveform is not None:
+            sink.write_audio(waveform, audio_adapter.sample_rate)
+        sink.write(0, frames.to(torch.float32))
+        sink.finish()
+    except BaseException:
+        sink.abort()
+        raise
+    lines.append(f"saved: {target.path}")
+    preview = ui.PreviewVideo([ui.SavedResult(target.filename, target.subfolder, io.FolderType.output)])
+    return io.NodeOutput(images[-1:], audio_out, "\n".join(lines), ui=preview)
 
 
 def _progress_callback():

@@ -118,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
     from h3director.integrations.load_vae import audio_adapter_for, load_vae, video_adapter_for
     from h3director.units import format_size, parse_size
     from h3director.video.latent_file import read_latent_file
-    from h3director.video.scheduler import AudioJob, stream_decode
+    from h3director.video.levels import decode_for_level
+    from h3director.video.scheduler import AudioJob
     from h3director.video.sinks import FILE_SINK_KINDS
 
     config = load_config(args.config)
@@ -156,8 +157,8 @@ def run(args: argparse.Namespace) -> int:
     on_progress, close_bar = _progress(not args.no_progress)
     started = time.perf_counter()
     try:
-        report = stream_decode(video_adapter, latents.video, sink, budget_bytes=budget, audio=audio_job,
-                               on_progress=on_progress, tiles_per_call=args.tiles_per_call, config=config)
+        report = decode_for_level(video_adapter, latents.video, sink, budget_bytes=budget, audio=audio_job,
+                                  on_progress=on_progress, tiles_per_call=args.tiles_per_call, config=config)
     finally:
         close_bar()
     seconds = time.perf_counter() - started
@@ -167,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
           + (f", {report.audio_samples} audio samples per channel" if report.audio_samples else "")
           + f", {report.clips} clip(s), {len(report.retries)} out-of-memory retries, {seconds:.1f} s"
           + (f", clip working set estimate {format_size(report.preflight.clip_bytes)}" if report.preflight else ""))
+    for note in report.notes:
+        print(f"  {note}", file=sys.stderr)
     for retry in report.retries:
         print(f"  clip {retry.clip}: {retry.failed.describe()} ran out of memory; retried with "
               f"{retry.retried_with.describe()}", file=sys.stderr)

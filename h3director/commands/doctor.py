@@ -41,6 +41,7 @@ def format_environment(env) -> str:
     rows.append(("config", env.config_path))
     rows.append(("memory level", level))
     rows.append(("features", ", ".join(env.features) or "none"))
+    rows.extend(("what runs" if index == 0 else "", effect) for index, effect in enumerate(env.level_effects))
     rows.append(("NVML", env.nvml))
     rows.append(("packages", ", ".join(f"{k} {v}" if v else f"{k} -" for k, v in env.packages.items())))
     text = _table(rows)

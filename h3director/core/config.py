@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -64,7 +63,13 @@ ENV_NOT_CONFIG = frozenset({
     "H3_COMFYUI_VENV",    # the ComfyUI virtual environment scripts/setup_comfyui.sh makes
 })
 DEFAULT_CONFIG_NAME = "h3_config.yaml"
-_DEVICE_RE = re.compile(r"^(cpu|mps|cuda(:[0-9]+)?)$")
+#: Fields of earlier releases that no code read; a file that still sets them is told so.
+REMOVED_FIELDS = {
+    "cross_modal_shared_memory": "no code shared tensors between the video and audio branches",
+    "video_upscale": "no upscaler reads it",
+    "multi_gpu": "no code placed components on several devices",
+    "video_decode.sink": "the output kind comes from the output (--out extension, the node's output input)",
+}
 
 
 class _Section(BaseModel):
@@ -72,40 +77,14 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
 
 
-class CrossModalSharedMemory(_Section):
-    """Sharing one tensor between the video and audio branches (e.g. the text embedding)."""
-
-    enabled: bool = True
-    keys: list[str] = Field(default_factory=lambda: ["text_embeddings", "timestep_embeddings"])
-
-
 class VideoDecode(_Section):
     """How decoded frames leave the VAE (see `h3director.video`)."""
 
-    sink: Literal["tensor", "uint8", "memmap", "video"] = "uint8"
     tiles_per_call: int | None = Field(default=None, ge=1)
     oom_retry: bool = True
     crf: int = Field(default=18, ge=0, le=51)
     audio_chunk_seconds: float = Field(default=10.0, gt=0, le=3600)
     host_mmap_threshold_mb: int | None = Field(default=1, ge=0, le=32)
-
-
-class VideoUpscale(_Section):
-    """Tiled spatial upscaling."""
-
-    tile_size: int = Field(default=128, ge=16, le=4096)
-    overlap: int = Field(default=8, ge=0)
-    use_fp16: bool = True
-    tile_batch_size: int = Field(default=4, ge=1, le=1024)
-
-    @model_validator(mode="after")
-    def _overlap_below_half_tile(self) -> VideoUpscale:
-        if self.overlap * 2 >= self.tile_size:
-            raise ValueError(
-                f"overlap {self.overlap} must be less than half of tile_size {self.tile_size} "
-                f"(at most {(self.tile_size - 1) // 2})"
-            )
-        return self
 
 
 class MemorySafety(_Section):
@@ -132,36 +111,6 @@ class MonitorSettings(_Section):
     update_interval_ms: int = Field(default=500, ge=10, le=60_000)
     show_pool_usage: bool = True
     show_fragmentation: bool = True
-
-
-#: Components a multi-GPU placement may name.
-PLACEABLE_COMPONENTS = ("dit", "text_encoder", "video_vae", "audio_vae")
-
-
-class MultiGpu(_Section):
-    """Spreading components over several devices.
-
-    ``placement`` is ``"auto"`` (largest component on the device with most free memory) or a map
-    from component (``dit``, ``text_encoder``, ``video_vae``, ``audio_vae``) to a device string
-    (``cuda:1``, ``cpu``, ``mps``).
-    """
-
-    enabled: bool = False
-    placement: Literal["auto"] | dict[str, str] = "auto"
-
-    @field_validator("placement")
-    @classmethod
-    def _known_components_and_devices(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            problems = []
-            for component, device in value.items():
-                if component not in PLACEABLE_COMPONENTS:
-                    problems.append(f"unknown component {component!r} (allowed: {', '.join(PLACEABLE_COMPONENTS)})")
-                if not _DEVICE_RE.match(device):
-                    problems.append(f"{component}: device {device!r} is not 'cpu', 'mps' or 'cuda[:N]'")
-            if problems:
-                raise ValueError("; ".join(problems))
-        return value
 
 
 class Allocator(_Section):
@@ -212,12 +161,12 @@ class Allocator(_Section):
 class Features:
     """The switches a memory level turns on, after explicit settings that veto them.
 
-    pool                      pre-allocated slot pool (level >= 1 and pre_allocated_pool_mb > 0)
-    generation_gc             generation-aware garbage collection (level >= 2)
-    streaming_decode          clip-by-clip decode into a sink (level >= 2)
-    shared_memory             content-keyed tensor sharing (level 3 and shared_memory_enabled)
-    cross_node_shared_memory  sharing across ComfyUI nodes (level 3 and shared_memory_enabled)
-    cross_modal_shared_memory video/audio sharing (shared_memory and cross_modal_shared_memory.enabled)
+    pool                      the streaming decode's per-clip buffers come from the process-wide slot pool
+                              (level >= 1 and pre_allocated_pool_mb > 0)
+    generation_gc             a young collection between clips, and the pool's own collections (level >= 2)
+    streaming_decode          clip-by-clip decode into a sink (level >= 1; level 0 runs the model's own decode)
+    shared_memory             content-keyed tensor store (level 3 and shared_memory_enabled)
+    cross_node_shared_memory  the Shared Write/Read and Cached Text Encode nodes use the store (= shared_memory)
     guard                     memory guard (memory_safety.enabled; independent of the level)
     monitor                   background monitor (monitor.enable_monitor; independent of the level)
     debug_shared_memory       verbose checks in the shared store (shared_memory and debug_shared_memory)
@@ -230,7 +179,6 @@ class Features:
     cross_node_shared_memory: bool
     guard: bool
     monitor: bool
-    cross_modal_shared_memory: bool = False
     debug_shared_memory: bool = False
 
     def enabled(self) -> list[str]:
@@ -241,8 +189,9 @@ class Features:
 class H3Config(_Section):
     """The validated contents of ``h3_config.yaml`` (see the packaged file for every field, commented).
 
-    Levels: 0 off; 1 pre-allocated pool; 2 pool + generation-aware GC + streaming decode;
-    3 everything, including cross-node shared memory. Read switches through `features()`.
+    Levels: 0 off (the model's own decode); 1 streaming decode with per-clip buffers from the slot pool;
+    2 + collections between clips; 3 + the shared store used by the nodes. Read switches through
+    `features()`; `level_effects()` says what they do in words (shown by `doctor`).
     """
 
     memory_optimization_level: int = Field(default=2, ge=0, le=3)
@@ -250,13 +199,11 @@ class H3Config(_Section):
     pool_slot_mb: int = Field(default=64, ge=1, le=4096)
     generation_gc_interval_ms: int = Field(default=120, ge=1, le=600_000)
     shared_memory_enabled: bool = True
-    cross_modal_shared_memory: CrossModalSharedMemory = Field(default_factory=CrossModalSharedMemory)
+    shared_memory_budget_mb: int = Field(default=1024, ge=1, le=1_048_576)
     debug_shared_memory: bool = False
     video_decode: VideoDecode = Field(default_factory=VideoDecode)
-    video_upscale: VideoUpscale = Field(default_factory=VideoUpscale)
     memory_safety: MemorySafety = Field(default_factory=MemorySafety)
     monitor: MonitorSettings = Field(default_factory=MonitorSettings)
-    multi_gpu: MultiGpu = Field(default_factory=MultiGpu)
     allocator: Allocator = Field(default_factory=Allocator)
 
     _source: str = PrivateAttr(default="<defaults>")
@@ -287,14 +234,37 @@ class H3Config(_Section):
         return Features(
             pool=level >= 1 and self.pre_allocated_pool_mb > 0,
             generation_gc=level >= 2,
-            streaming_decode=level >= 2,
+            streaming_decode=level >= 1,
             shared_memory=shared,
             cross_node_shared_memory=shared,
             guard=self.memory_safety.enabled,
             monitor=self.monitor.enable_monitor,
-            cross_modal_shared_memory=shared and self.cross_modal_shared_memory.enabled,
             debug_shared_memory=shared and self.debug_shared_memory,
         )
+
+    def level_effects(self) -> list[str]:
+        """What the level and its switches do in a run, one line each (what `doctor` prints)."""
+        features = self.features()
+        lines = []
+        if not features.streaming_decode:
+            lines.append("decode: the model's own whole-video decode (reference path); the director changes "
+                         "nothing: no streaming, no pool, no collections, no shared store")
+        else:
+            pool = (f"per-clip buffers (clip output, cross-fade tail, uint8 staging) leased from a "
+                    f"{self.pre_allocated_pool_mb} MiB pool of {self.pool_slot_mb} MiB slots per device, "
+                    "requests it cannot serve counted as fallbacks") if features.pool else \
+                "per-clip buffers from the framework allocator (pre_allocated_pool_mb is 0: no pool)"
+            lines.append(f"decode: streaming, clip by clip; {pool}")
+            lines.append("collections: a young collection between clips" if features.generation_gc
+                         else "collections: none between clips (level 2 adds them)")
+        if features.shared_memory:
+            lines.append(f"shared store: Shared Write/Read and Cached Text Encode nodes keep tensors in memory up to "
+                         f"{self.shared_memory_budget_mb} MiB, least recently used spilled to disk")
+        else:
+            reason = "shared_memory_enabled is false" if self.memory_optimization_level >= 3 else "level 3 turns it on"
+            lines.append(f"shared store: off ({reason}); the shared nodes refuse to run, Cached Text Encode encodes "
+                         "every time")
+        return lines
 
     def notes(self) -> list[str]:
         """Settings that are valid but have no effect with the current level (shown by `config check`)."""
@@ -304,9 +274,11 @@ class H3Config(_Section):
             notes.append(f"memory_optimization_level {level} includes the pool, but pre_allocated_pool_mb is 0: no pool")
         if level < 3 and self.debug_shared_memory:
             notes.append("debug_shared_memory has no effect below memory_optimization_level 3")
-        if self.multi_gpu.enabled is False and isinstance(self.multi_gpu.placement, dict):
-            notes.append("multi_gpu.placement is ignored while multi_gpu.enabled is false")
         return notes
+
+    @property
+    def shared_memory_budget_bytes(self) -> int:
+        return self.shared_memory_budget_mb * MiB
 
     @property
     def pool_bytes(self) -> int:
@@ -437,6 +409,8 @@ def _problems_from_validation(error: ValidationError, origin_of: Mapping[str, st
             parent = _model_at(loc[:-1])
             known = list(parent.model_fields) if parent else []
             allowed = f"unknown key; {_did_you_mean(loc[-1], known)}allowed keys here: {', '.join(known)}"
+            if path in REMOVED_FIELDS:
+                allowed = f"removed (it did nothing: {REMOVED_FIELDS[path]}); delete it from the file"
         elif kind == "literal_error":
             allowed = f"allowed: {item['ctx']['expected']}"
         elif kind == "value_error":

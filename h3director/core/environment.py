@@ -54,6 +54,7 @@ class Environment:
     nvml: str
     packages: dict[str, str | None]
     warnings: list[str] = field(default_factory=list)
+    level_effects: list[str] = field(default_factory=list)  # what the memory level does, one line each
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -147,12 +148,14 @@ def collect(config_path: str | None = None) -> Environment:
     config_problems: list[str] = []
     level = None
     features: list[str] = []
+    effects: list[str] = []
     config = None
     path = str(find_config_path(config_path))
     try:
         config = load_config(path)  # the file reported as config_path
         level = config.memory_optimization_level
         features = config.features().enabled()
+        effects = config.level_effects()
     except ConfigError as exc:
         config_problems = [str(p) for p in getattr(exc, "problems", [])] or [str(exc)]
         # The error's first line names the culprit: the file, or the H3_ variables that broke it.
@@ -182,6 +185,7 @@ def collect(config_path: str | None = None) -> Environment:
         config_level=level,
         features=features,
         config_problems=config_problems,
+        level_effects=effects,
         nvml=nvml,
         packages=_packages(),
     )
@@ -200,7 +204,8 @@ def collect(config_path: str | None = None) -> Environment:
             warnings.append(f"the config asks for allocator settings '{wanted}' but the environment has "
                             f"'{current or 'none'}': export PYTORCH_CUDA_ALLOC_CONF={wanted} before starting Python")
         if level == 0:
-            warnings.append("memory_optimization_level is 0: no pool, no streaming decode, no shared memory")
+            warnings.append("memory_optimization_level is 0: decodes run the model's own whole-video decode (no "
+                            "streaming, no pool, no collections) and the shared store is off")
     if torch.backends.mps.is_available() and not _mps_int8_matmul_supported(torch):
         warnings.append("int8 matmul (aten::_int_mm) is not implemented on MPS: int8 checkpoints (e.g. the pruned "
                         "int8_convrot DiT) will not run on this Mac; use bf16/fp16 or GGUF weights")

@@ -252,7 +252,8 @@ def _diagnose_cuda(error: OomError, *, alloc_conf_hint: str | None = _EXPANDABLE
         error.diagnosis = "too-large"
         explain.append(f"one request of {_fmt(r)} is larger than the whole {'limit' if cap else 'device'} ({_fmt(cap or t)})")
         advise.append("split the work: fewer tiles per call, shorter clips, smaller batch or resolution "
-                      "(h3_config: video_decode.tiles_per_call, memory_safety.action_on_exceed: reduce_batch)")
+                      "(h3_config: video_decode.tiles_per_call; for DiT forwards the Memory Guard node's "
+                      "memory_safety.action_on_exceed: reduce_batch)")
     elif r is not None and cap is not None and error.allocated_bytes is not None and error.allocated_bytes + r > cap \
             and (f is None or f >= r):
         error.diagnosis = "limit"
@@ -281,12 +282,12 @@ def _diagnose_cuda(error: OomError, *, alloc_conf_hint: str | None = _EXPANDABLE
         )
         if alloc_conf_hint:
             advise.append(f"against the fragmented part, set {alloc_conf_hint}")
-        advise.append("lower the peak a little: fewer tiles per call or streaming decode (memory_optimization_level 2)")
+        advise.append("lower the peak a little: fewer tiles per call or streaming decode (memory_optimization_level >= 1)")
     else:
         error.diagnosis = "shortage"
         if r is not None and f is not None:
             explain.append(f"a real shortage: {_fmt(max(r - f - u, 0))} more than free plus cached memory is needed")
-        advise.append("reduce the peak: streaming decode with a uint8/memmap sink (memory_optimization_level 2), "
+        advise.append("reduce the peak: streaming decode into a .npy/.mp4 output (memory_optimization_level >= 1), "
                       "fewer tiles per call, offload weights not in use, or a smaller resolution/frame count; "
                       "`h3director plan` estimates what fits")
 
@@ -392,7 +393,8 @@ def _host_advice(error: OomError, requested: int) -> None:
     )
     if requested >= GiB:
         error.advice.append("keep whole videos out of float32 RAM: decode into a uint8 or memmap sink, or straight "
-                            "to a video file (video_decode.sink: uint8 | memmap | video)")
+                            "to a video file (`h3director decode --out frames.npy | video.mp4`, or the decode node's "
+                            "video_file output)")
     error.advice.append("check host memory with `h3director monitor -- <command>`; close other memory-heavy processes")
 
 

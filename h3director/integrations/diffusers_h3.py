@@ -134,6 +134,14 @@ class H3VideoAdapter(DiffusersVideoAdapter):
     def open(self, latents: torch.Tensor, *, denormalize: bool = True) -> H3VideoSession:
         return H3VideoSession(self, latents, denormalize=denormalize)
 
+    def reference_decode(self, latents: torch.Tensor, *, denormalize: bool = True) -> torch.Tensor:
+        """``vae.decode(z).sample`` of the whole video, `z` denormalized as the H3 pipeline does."""
+        vae = self.vae
+        z = denormalize_video(latents, vae.config.latents_mean, vae.config.latents_std, latents.device) \
+            if denormalize else latents
+        with torch.no_grad():
+            return vae.decode(z.to(device=self.device, dtype=self.dtype)).sample
+
     def cheaper(self, execution: ClipExecution) -> ClipExecution | None:
         if self.vae.use_tiling and (execution.tiles_per_call is None or execution.tiles_per_call > 1):
             return ClipExecution(tiles_per_call=1, device=execution.device)

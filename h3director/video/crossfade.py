@@ -21,12 +21,10 @@ def blend_extent(a: torch.Tensor, b: torch.Tensor, nominal: int, dim: int) -> in
     return min(a.shape[dim], b.shape[dim], nominal)
 
 
-def crossfade(a: torch.Tensor, b: torch.Tensor, nominal_extent: int, dim: int) -> torch.Tensor:
-    """Fade from the end of `a` into the start of `b` along `dim`; returns a tensor shaped like `b`.
-
-    `a` is the previous clip's tail, `b` the next clip's body. Only the blended positions are
-    computed; the rest of `b` is concatenated unchanged (a new tensor, as the references return).
-    """
+def crossfade_parts(a: torch.Tensor, b: torch.Tensor, nominal_extent: int, dim: int) -> list[torch.Tensor]:
+    """The cross-fade of `crossfade` as its parts along `dim`: the blended positions, then (when `b` is
+    longer than the blend) the rest of `b` unchanged, as a view. Concatenated they are `crossfade`'s
+    result; a caller can concatenate them into a buffer of its own (`torch.cat(..., out=)`)."""
     extent = blend_extent(a, b, nominal_extent, dim)
     positions = torch.arange(extent, device=b.device, dtype=b.dtype)
     shape = [1] * a.ndim
@@ -35,5 +33,15 @@ def crossfade(a: torch.Tensor, b: torch.Tensor, nominal_extent: int, dim: int) -
     weight_b = (positions / extent).view(shape)
     blended = a.narrow(dim, a.shape[dim] - extent, extent) * weight_a + b.narrow(dim, 0, extent) * weight_b
     if extent == b.shape[dim]:
-        return blended
-    return torch.cat([blended, b.narrow(dim, extent, b.shape[dim] - extent)], dim=dim)
+        return [blended]
+    return [blended, b.narrow(dim, extent, b.shape[dim] - extent)]
+
+
+def crossfade(a: torch.Tensor, b: torch.Tensor, nominal_extent: int, dim: int) -> torch.Tensor:
+    """Fade from the end of `a` into the start of `b` along `dim`; returns a tensor shaped like `b`.
+
+    `a` is the previous clip's tail, `b` the next clip's body. Only the blended positions are
+    computed; the rest of `b` is concatenated unchanged (a new tensor, as the references return).
+    """
+    parts = crossfade_parts(a, b, nominal_extent, dim)
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)

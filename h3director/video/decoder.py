@@ -101,6 +101,12 @@ class VideoDecoderAdapter(ABC):
                                execution: ClipExecution) -> int:
         """Estimated peak bytes one clip needs on the model's device beyond the weights."""
 
+    def reference_decode(self, latents: torch.Tensor, *, denormalize: bool = True) -> torch.Tensor | None:
+        """The model's own whole-video decode of validated `latents` (what its pipeline calls), frames
+        `[B, C, F, H, W]` in the decoder's pixel space; None when the adapter offers none. Used at
+        memory level 0 (`h3director.video.levels`), where the director changes nothing."""
+        return None
+
     def default_execution(self, tiles_per_call: int | None = None) -> ClipExecution:
         """The execution clips start with (`tiles_per_call` from `video_decode.tiles_per_call`)."""
         return ClipExecution(tiles_per_call=tiles_per_call)

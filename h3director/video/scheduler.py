@@ -28,7 +28,8 @@ from h3director.core.host_heap import pin_mmap_threshold
 from h3director.errors import H3DirectorError, InvalidInputError
 from h3director.geometry import ClipStep, DecodeSchedule
 from h3director.units import MiB
-from h3director.video.crossfade import crossfade
+from h3director.video.clip_buffers import CARRIED, CLIP, BufferCounts, ClipBuffers
+from h3director.video.crossfade import crossfade_parts
 from h3director.video.decoder import ClipExecution, DecodeSession, VideoDecoderAdapter
 from h3director.video.faults import STAGE_START, FaultInjector, FaultPoint, free_memory, is_out_of_memory
 from h3director.video.preflight import PreflightResult, preflight, resolve_budget
@@ -77,7 +78,11 @@ class DecodeReport:
     `sink.finish()` returned; `execution`: the execution the last clip used; `preflight`: the
     estimate the decode started from; `audio_samples`: samples per channel written (0 without audio);
     `resumed_frames`: frames the sink already held from an interrupted run; `clips_decoded`: clips
-    actually run (fewer than `clips` when resuming).
+    actually run (fewer than `clips` when resuming). `path`: "streaming" (clip by clip) or "reference"
+    (the model's own whole-video decode, memory level 0; `h3director.video.levels`). `buffers`: the
+    per-clip buffers' pool leases, fallbacks, plain allocations and between-clip collections
+    (`h3director.video.clip_buffers.BufferCounts`, all 0 on the reference path). `notes`: what the
+    decode chose and why, one line each.
     """
 
     frames: int
@@ -91,6 +96,9 @@ class DecodeReport:
     audio_samples: int = 0
     resumed_frames: int = 0
     clips_decoded: int = 0
+    path: str = "streaming"
+    buffers: BufferCounts = field(default_factory=BufferCounts)
+    notes: list[str] = field(default_factory=list)
 
 
 def _stream_spec(adapter: VideoDecoderAdapter, latents: torch.Tensor, schedule: DecodeSchedule) -> StreamSpec:
@@ -136,12 +144,14 @@ def _decode_clip_with_retry(session: DecodeSession, adapter: VideoDecoderAdapter
 
 
 def _stream_clips(session: DecodeSession, adapter: VideoDecoderAdapter, schedule: DecodeSchedule, sink: FrameSink,
-                  execution: ClipExecution, report: DecodeReport, *, oom_retry: bool,
+                  execution: ClipExecution, report: DecodeReport, buffers: ClipBuffers, *, oom_retry: bool,
                   fault_injector: FaultInjector | None, on_progress: ProgressCallback | None) -> ClipExecution:
     """Decode the clips of `schedule`, cross-fade, and write the final frames; return the last execution.
 
     Clips whose frames the sink already holds from an interrupted run (`sink.resume_from()`) are
-    skipped, except the one whose tail the first missing clip is cross-faded with.
+    skipped, except the one whose tail the first missing clip is cross-faded with. The clip output and
+    the carried tail are `buffers`' (pool leases when it has a pool); `buffers.after_clip()` runs after
+    each clip.
     """
     tail = None
     report.resumed_frames = done = min(sink.resume_from(), schedule.frames)
@@ -152,31 +162,46 @@ def _stream_clips(session: DecodeSession, adapter: VideoDecoderAdapter, schedule
         decoded, execution = _decode_clip_with_retry(session, adapter, clip, execution, report.retries,
                                                      oom_retry=oom_retry, fault_injector=fault_injector)
         body = decoded[:, :, clip.body_start:clip.body_stop]
-        if tail is not None:
-            # a clip retried on the CPU returns CPU frames; the blend is elementwise, so moving is exact
-            body = crossfade(tail.to(body.device), body, schedule.frame_overlap, dim=2)
-        tail = decoded[:, :, clip.tail_start:clip.tail_stop].clone() if clip.tail_length else None
-        del decoded
+        # a clip retried on the CPU returns CPU frames; the blend is elementwise, so moving is exact
+        parts = [body] if tail is None else crossfade_parts(tail.to(body.device), body, schedule.frame_overlap,
+                                                            dim=2)
+        tail = buffers.copy(decoded[:, :, clip.tail_start:clip.tail_stop], CARRIED) if clip.tail_length else None
+        del decoded, body
         start, stop = schedule.final_range(clip)
         first_new = max(start, done)
         if stop > first_new:
-            final = body if tail is None or stop <= clip.out_stop else torch.cat([body, tail], dim=2)
+            if tail is not None and stop > clip.out_stop:
+                parts.append(tail)
+            final = buffers.cat(parts, dim=2, generation=CLIP)
             sink.write(first_new, final[:, :, first_new - start:stop - start])
             written = stop
             del final
             if on_progress is not None:
                 on_progress(written, schedule.frames)
-        del body
+        del parts
+        buffers.after_clip()
     if written != schedule.frames:
         raise AssertionError(f"the schedule wrote {written} of {schedule.frames} frames")
     return execution
+
+
+def clip_buffers_for(config: Any, device: torch.device | str) -> ClipBuffers:
+    """The per-clip buffers `config`'s memory level asks for on `device`: the process-wide slot pool
+    (`h3director.core.pool_registry`) when ``features().pool``, collections between clips when
+    ``features().generation_gc``."""
+    from h3director.core.pool_registry import process_pool
+
+    features = config.features()
+    pool = process_pool(config, device) if features.pool else None
+    return ClipBuffers(pool, collect_between_clips=features.generation_gc)
 
 
 def stream_decode(adapter: VideoDecoderAdapter, latents: torch.Tensor, sink: FrameSink, *,
                   budget_bytes: int | None = None, audio: AudioJob | None = None,
                   on_progress: ProgressCallback | None = None, fault_injector: FaultInjector | None = None,
                   denormalize: bool = True, tiles_per_call: int | None = None,
-                  oom_retry: bool | None = None, config: Any = None) -> DecodeReport:
+                  oom_retry: bool | None = None, config: Any = None,
+                  buffers: ClipBuffers | None = None) -> DecodeReport:
     """Decode `latents` `[B, C, T, h, w]` clip by clip into `sink`; return a `DecodeReport`.
 
     `latents` are normalized as the sampler produces them; the adapter applies its
@@ -187,6 +212,8 @@ def stream_decode(adapter: VideoDecoderAdapter, latents: torch.Tensor, sink: Fra
     `config` (an `H3Config`; default `load_config()`), which also supplies `memory_safety` and
     `video_decode.host_mmap_threshold_mb` (pinned process-wide, see `h3director.core.host_heap`).
     `fault_injector` is called at each `FaultPoint` of each clip attempt (tests use `OomOnClip`).
+    `buffers` serves the per-clip buffers; None builds them from `config`'s memory level
+    (`clip_buffers_for`: the process-wide slot pool at level >= 1, collections between clips at >= 2).
     Raises `InvalidInputError` or `BudgetError` before any decoding, `DecodeOutOfMemory` when a clip
     cannot be decoded by any execution; the sink is aborted on every failure after `begin`.
     """
@@ -223,6 +250,8 @@ def stream_decode(adapter: VideoDecoderAdapter, latents: torch.Tensor, sink: Fra
     if track_peak:
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
+    if buffers is None:
+        buffers = clip_buffers_for(config, device)
     report = DecodeReport(frames=schedule.frames, clips=len(schedule.clips), preflight=checked)
     session = adapter.open(latents, denormalize=denormalize)
     try:
@@ -234,7 +263,8 @@ def stream_decode(adapter: VideoDecoderAdapter, latents: torch.Tensor, sink: Fra
                 sink.write_audio(waveform, audio.adapter.sample_rate)
                 report.audio_samples = waveform.shape[-1]
                 del waveform
-            execution = _stream_clips(session, adapter, schedule, sink, execution, report,
+            sink.use_buffers(buffers)
+            execution = _stream_clips(session, adapter, schedule, sink, execution, report, buffers,
                                       oom_retry=oom_retry, fault_injector=fault_injector, on_progress=on_progress)
             report.result = sink.finish()
         except BaseException:
@@ -243,6 +273,7 @@ def stream_decode(adapter: VideoDecoderAdapter, latents: torch.Tensor, sink: Fra
     finally:
         session.close()
     report.execution = execution
+    report.buffers = buffers.counts()
     report.seconds = time.perf_counter() - started
     if track_peak:
         report.peak_bytes = torch.cuda.max_memory_allocated(device) - base

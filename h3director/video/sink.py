@@ -66,6 +66,12 @@ class FrameSink(ABC):
         """Store decoded audio `[B, channels, samples]` (float, [-1, 1]); only for `supports_audio` sinks."""
         raise NotImplementedError(f"{type(self).__name__} does not take audio")
 
+    def use_buffers(self, buffers: Any) -> None:
+        """Called by the scheduler before the first write with its `ClipBuffers`
+        (`h3director.video.clip_buffers`); a sink that stages frames per clip may take its staging
+        buffer from there (`buffers.staging_uint8`). The base sink stages nothing."""
+        return None
+
     def resume_from(self) -> int:
         """Frames (from the start) already stored by an earlier, interrupted run; valid after `begin`.
 

@@ -76,6 +76,7 @@ class VideoFileSink(OrderedSink):
         self.fps, self.crf, self.preset, self.lookahead = fps, int(crf), preset, lookahead
         self.audio_codec, self.audio_sample_rate, self.audio_channels = audio_codec, audio_sample_rate, audio_channels
         self.threads = threads
+        self._buffers = None
         self.temp_path = temporary_path(self.path, "partial")
         self._container = None
         self._video = None
@@ -131,6 +132,10 @@ class VideoFileSink(OrderedSink):
             self._muxed = True
 
     # -- writing -----------------------------------------------------------------------------------
+    def use_buffers(self, buffers) -> None:
+        """Take each clip's uint8 staging (the frames as bytes before encoding) from `buffers`."""
+        self._buffers = buffers
+
     def write_audio(self, samples: torch.Tensor, sample_rate: int) -> None:
         """Encode the whole soundtrack `[1, channels, samples]` (float, clamped to [-1, 1])."""
         if self._container is None:
@@ -171,7 +176,10 @@ class VideoFileSink(OrderedSink):
 
     def _store(self, start: int, frames: torch.Tensor) -> None:
         av = _import_av()
-        pixels = uint8_pixels(frames[0], self.spec, threads=self.threads)
+        spec = self.spec
+        staging = None if self._buffers is None else self._buffers.staging_uint8(
+            (frames.shape[2], spec.height, spec.width, spec.channels))
+        pixels = uint8_pixels(frames[0], spec, out=None if staging is None else staging.numpy(), threads=self.threads)
         for offset in range(pixels.shape[0]):
             frame = av.VideoFrame.from_ndarray(pixels[offset], format="rgb24")
             frame.pts = start + offset
