@@ -133,10 +133,13 @@ def _vit_decoder_forward(ledger: ByteLedger, shape: ViTDecoderShape, batch: int,
     ledger.transient(seq * 3 * FP32 + seq * r // 2 * FP32)   # scaled positions, angles
     ledger.alloc("cos", seq * r * FP32)
     ledger.alloc("sin", seq * r * FP32)
-    residual_bytes = e
-    for _ in range(shape.layers):
-        _vit_block(ledger, shape, batch, sequence, e, residual_bytes, attention)
-        residual_bytes = FP32
+    # The first block reads the residual in `e`, every later one in float32. From the second block on, a
+    # block that leaves the live tensors as it found them repeats its peak, so one replay stands for the rest.
+    for layer in range(shape.layers):
+        before = dict(ledger._held) if layer == 1 else None
+        _vit_block(ledger, shape, batch, sequence, e, e if layer == 0 else FP32, attention)
+        if before is not None and ledger._held == before:
+            break
     ledger.alloc("norm_out", seq * d * FP32)
     ledger.free("x")
     if e != FP32:
