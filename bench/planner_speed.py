@@ -4,7 +4,7 @@ Run: .venv/bin/python bench/planner_speed.py
 
 Each case runs in a fresh interpreter (the planner's caches start empty) and times what `plan` does after
 its imports: one `estimate` of the request as asked plus `recommend`. Columns: the case, the outcome
-(settings, long-form chunks, or the refusal), the `estimate` calls, and the wall time of the one run
+(settings, the long-form chain's segment count and longest segment, or the refusal), the `estimate` calls, and the wall time of the one run
 (one sample on a shared machine: compare the rows with each other, not with another machine).
 """
 
@@ -49,7 +49,7 @@ try:
     advice = rec.recommend(request, rec.Budget(vram * 2**30, ram * 2**30), formats=[fmt] if fmt else None)
     r, lf = advice.request, advice.long_form
     outcome = f"{r.weights}, {r.offload_blocks} offloaded, {r.head_chunks}/{r.ffn_chunks} chunks" + (
-        f", {lf.chunks} x {lf.chunk_frames} frames" if lf else "")
+        f", {lf.chunks} segments of up to {lf.chunk_frames} frames" if lf else "")
 except BudgetError as exc:
     outcome = "refused: " + str(exc).split(":")[0]
 print(json.dumps({"seconds": time.perf_counter() - start, "estimates": calls[0], "outcome": outcome}))
