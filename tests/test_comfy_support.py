@@ -82,6 +82,7 @@ def test_shared_write_read_round_trip_conflict_and_disk_tier(tmp_path, monkeypat
 
     monkeypatch.setattr(folder_paths, "temp_directory", str(tmp_path))
     monkeypatch.setattr(nodes_shared, "_store", None)
+    _use_config(monkeypatch, {"memory_optimization_level": 3})
     cond = [[torch.randn(1, 7, 16), {"pooled_output": None, "minimax_keyframes": [
         {"resolved_frame_index": 0, "latent": torch.randn(1, 24, 1, 2, 2)}], "shape": (1, 2)}]]
     nodes_shared.write_shared("scene_a", cond, owner="node-1", replace=False)
@@ -103,6 +104,32 @@ def test_shared_write_read_round_trip_conflict_and_disk_tier(tmp_path, monkeypat
         nodes_shared.write_shared("bad/key", cond, owner="n", replace=False)
     with pytest.raises(InvalidInputError, match="cannot be shared"):
         nodes_shared.write_shared("objs", [[torch.zeros(1), {"hook": object()}]], owner="n", replace=False)
+
+
+def _use_config(monkeypatch, fields: dict):
+    from h3director.comfy import settings
+    from h3director.core.config import validate_config
+
+    config = validate_config(fields, env={})
+    monkeypatch.setattr(settings, "pack_config", lambda: config)
+    return config
+
+
+@pytest.mark.parametrize("fields", [{"memory_optimization_level": 2},
+                                    {"memory_optimization_level": 3, "shared_memory_enabled": False}])
+def test_shared_nodes_refuse_when_the_config_turns_the_store_off(tmp_path, monkeypatch, fields):
+    import folder_paths
+
+    from h3director.comfy import nodes_shared
+
+    monkeypatch.setattr(folder_paths, "temp_directory", str(tmp_path))
+    monkeypatch.setattr(nodes_shared, "_store", None)
+    _use_config(monkeypatch, fields)
+    with pytest.raises(InvalidInputError, match="shared store is off"):
+        nodes_shared.write_shared("scene_a", [[torch.zeros(1, 2), {}]], owner="n", replace=False)
+    with pytest.raises(InvalidInputError, match="shared store is off"):
+        nodes_shared.read_shared("scene_a")
+    assert nodes_shared.existing_store() is None and list(tmp_path.iterdir()) == []
 
 
 def test_guard_node_adds_diffusion_model_wrapper_to_a_clone():

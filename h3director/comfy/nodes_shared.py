@@ -6,6 +6,11 @@ strings and lists/dicts of those (e.g. H3's `minimax_keyframes`). It is flattene
 JSON skeleton saying where each tensor goes (stored as a uint8 tensor under ``<key>-skeleton``),
 so a read rebuilds the same structure. Writing a key that holds different content raises the
 store's conflict error, shown on the node in the UI; `replace` overwrites on purpose.
+
+The nodes use the store only where the configuration asks for it: memory level 3 and
+``shared_memory_enabled`` (``features().cross_node_shared_memory``); otherwise they refuse with a
+message naming the switch. The store keeps at most ``shared_memory_budget_mb`` in memory, the least
+recently used entries spilled to its disk tier.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ _store = None
 
 
 def shared_store():
-    """The process-wide `SharedTensorStore` (disk tier in ComfyUI's temp folder, debug from the config)."""
+    """The process-wide `SharedTensorStore`: disk tier in ComfyUI's temp folder, memory budget
+    ``shared_memory_budget_mb`` and debug checks from the config."""
     global _store
     with _store_lock:
         if _store is None:
@@ -35,9 +41,29 @@ def shared_store():
             from h3director.comfy.settings import pack_config
             from h3director.core.shared_store import SharedTensorStore
 
+            config = pack_config()
             _store = SharedTensorStore(disk_dir=runtime.temp_directory() / "h3director_shared",
-                                       debug=pack_config().debug_shared_memory)
+                                       debug=config.features().debug_shared_memory,
+                                       memory_budget_bytes=config.shared_memory_budget_bytes)
         return _store
+
+
+def existing_store():
+    """The store if a node has made it, else None (the stats route reads this; it never creates one)."""
+    return _store
+
+
+def require_shared_memory() -> None:
+    """Refuse unless the configuration turns the shared store on for the nodes."""
+    from h3director.comfy.settings import pack_config
+
+    config = pack_config()
+    if config.features().cross_node_shared_memory:
+        return
+    why = ("shared_memory_enabled is false" if config.memory_optimization_level >= 3
+           else f"memory_optimization_level is {config.memory_optimization_level}")
+    raise InvalidInputError(f"the shared store is off ({why}): Shared Write/Read need memory_optimization_level 3 "
+                            "and shared_memory_enabled: true in h3_config.yaml (restart ComfyUI after editing)")
 
 
 def flatten(value: Any, tensors: list[torch.Tensor], path: str = "conditioning") -> Any:
@@ -79,11 +105,16 @@ def _check_key(key: str) -> str:
 
 
 def write_shared(key: str, conditioning: Any, owner: str, replace: bool) -> int:
-    """Store `conditioning` under `key`; returns the number of tensors stored."""
+    """Store `conditioning` under `key`; returns the number of tensors stored (level 3 only)."""
     key = _check_key(key)
+    require_shared_memory()
+    return put_conditioning(shared_store(), key, conditioning, owner, replace)
+
+
+def put_conditioning(store, key: str, conditioning: Any, owner: str, replace: bool) -> int:
+    """Flatten `conditioning` into `store` under `key` (no level check); returns the tensors stored."""
     tensors: list[torch.Tensor] = []
     skeleton = json.dumps(flatten(conditioning, tensors)).encode()
-    store = shared_store()
     for index, tensor in enumerate(tensors):
         store.put(f"{key}-t{index}", tensor.detach().contiguous(), owner, replace=replace)
     # the skeleton last: a reader that finds it finds every tensor
@@ -92,18 +123,29 @@ def write_shared(key: str, conditioning: Any, owner: str, replace: bool) -> int:
 
 
 def read_shared(key: str) -> Any:
+    """The conditioning a Shared Write stored under `key` (level 3 only)."""
     key = _check_key(key)
+    require_shared_memory()
     store = shared_store()
-    raw = store.get(f"{key}-{SKELETON}")
-    if raw is None:
+    found = get_conditioning(store, key)
+    if found is None:
         known = sorted(k[:-len(SKELETON) - 1] for k in store.keys() if k.endswith(f"-{SKELETON}"))
         raise InvalidInputError(f"no conditioning shared under key {key!r}; shared keys: {known or 'none'} "
                                 "(run a Shared Write with this key first)")
+    return found
+
+
+def get_conditioning(store, key: str, *, keep: bool = False) -> Any | None:
+    """The conditioning under `key` in `store` (copies of its tensors), or None when there is none.
+    ``keep`` brings entries found only on the disk tier back into memory."""
+    raw = store.get(f"{key}-{SKELETON}", keep=keep)
+    if raw is None:
+        return None
     skeleton = json.loads(raw.cpu().numpy().tobytes().decode())
     # the store hands out read-only views; ComfyUI nodes may modify conditioning in place, so copy
     tensors = []
     for index in range(_tensor_count(skeleton)):
-        tensor = store.get(f"{key}-t{index}")
+        tensor = store.get(f"{key}-t{index}", keep=keep)
         if tensor is None:
             raise InvalidInputError(f"shared key {key!r} is incomplete: tensor {index} is missing")
         tensors.append(tensor.clone())

@@ -1,9 +1,21 @@
 """HTTP routes on ComfyUI's server: live memory stats as JSON and the timeline plot as PNG.
 
-    GET /h3director/stats?samples=N      current host/device sample, pool and fragmentation, the last
-                                         N (1..2000, default 120) timeline samples of the running (or
-                                         last) monitor
+    GET /h3director/stats?samples=N      current host/device sample, the slot pools, the shared store,
+                                         the text cache, the last N (1..2000, default 120) timeline
+                                         samples of the running (or last) monitor
     GET /h3director/report.png?width=W&height=H   the timeline plot (W, H in 320..3840 pixels)
+
+The stats JSON (every key always present; null where nothing of that kind exists yet):
+
+    now           [{"device": "host", ...host sample}, {...device sample}, ...]
+    pools         {"cpu": PoolStats, "cuda:0": PoolStats, ...}: the process-wide slot pools the decodes
+                  lease from (`h3director.core.pool.PoolStats` fields, bytes; fragmentation a ratio)
+    shared_store  `StoreStats` of the nodes' shared store (entries, bytes_held, bytes_saved, hits, misses,
+                  disk_hits, mutations_detected, references, spills, memory_budget_bytes), or null
+                  before a node made it (a stats request never creates it)
+    text_cache    {"hits", "misses", "bypassed", "bytes_saved"}: H3Director Cached Text Encode's counters
+                  (misses = text encoder runs; bytes_saved = conditioning bytes served from the cache)
+    timeline      the monitor's report (`to_dict()`, samples cut to the last N), or null
 
 Query values are validated (400 with the reason otherwise). The plot is rendered in a temporary
 folder inside ComfyUI's output folder and deleted after it is read: no route writes anywhere else.
@@ -47,14 +59,23 @@ def _device_now() -> list[dict[str, Any]]:
     return samples
 
 
-def _pool_stats() -> dict[str, Any] | None:
-    try:
-        from h3director.comfy.nodes_shared import shared_store
+def _store_stats() -> dict[str, Any] | None:
+    from h3director.comfy.nodes_shared import existing_store
 
-        stats = shared_store().stats()
-    except (ImportError, AttributeError):
-        return None
-    return dataclasses.asdict(stats)
+    store = existing_store()
+    return None if store is None else dataclasses.asdict(store.stats())
+
+
+def _pools() -> dict[str, Any]:
+    from h3director.core.pool_registry import held_pools
+
+    return {device: dataclasses.asdict(pool.stats()) for device, pool in held_pools().items()}
+
+
+def _text_cache() -> dict[str, int]:
+    from h3director.comfy.nodes_textcache import text_cache_stats
+
+    return text_cache_stats()
 
 
 def stats_payload(samples: int) -> dict[str, Any]:
@@ -67,7 +88,8 @@ def stats_payload(samples: int) -> dict[str, Any]:
         data = report.to_dict()
         data["samples"] = data["samples"][-samples:]
         timeline = data
-    return {"now": _device_now(), "shared_store": _pool_stats(), "timeline": timeline}
+    return {"now": _device_now(), "pools": _pools(), "shared_store": _store_stats(), "text_cache": _text_cache(),
+            "timeline": timeline}
 
 
 def render_report_png(output_dir: Path, width: int, height: int) -> bytes:

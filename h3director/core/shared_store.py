@@ -17,6 +17,12 @@ Conventions
   an equal tensor again is a no-op.
 - Accounting (bytes): ``bytes_held`` is what the entries in memory occupy; ``bytes_saved`` counts,
   for each ``get`` served from memory or disk, the bytes a consumer did not have to produce again.
+- Memory budget: with ``memory_budget_bytes``, the entries in memory hold at most that many bytes.
+  After each put (and each disk hit kept in memory) the least recently used entries (by last put or
+  get) leave memory until the rest fits: with a disk tier they are written there first if they are
+  not there already ("spilled") and come back on the next hit; without one they are dropped.
+  A spilled entry keeps no references (``release`` of it returns 0); its producer becomes
+  ``"disk"`` when it comes back. ``spills`` counts entries that left memory for the budget.
 - ``debug=True`` logs every read and write with owner ids on the ``h3director.shared_store`` logger.
 - All methods are thread-safe (one re-entrant lock around the entries and counters).
 """
@@ -28,7 +34,7 @@ import logging
 import os
 import struct
 import threading
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -62,6 +68,8 @@ class StoreStats:
     disk_hits: int
     mutations_detected: int
     references: int
+    spills: int = 0                      # entries moved out of memory to keep within the budget
+    memory_budget_bytes: int | None = None
 
 
 @dataclass
@@ -136,19 +144,27 @@ class SharedTensorStore:
     """Keyed, reference-counted tensors shared between owners (see the module docstring).
 
     ``disk_dir``: a folder for a `DiskTier` (entries persist there and are reloaded on a miss);
-    ``disk_tier``: an existing tier instead; ``debug``: checksums and a log line per read and write.
+    ``disk_tier``: an existing tier instead; ``debug``: checksums and a log line per read and write;
+    ``memory_budget_bytes``: at most this many bytes of entries in memory, least recently used spilled
+    (None = no limit; see the module docstring).
     """
 
     def __init__(self, disk_dir: str | os.PathLike | None = None, debug: bool = False, *,
-                 disk_tier: DiskTier | None = None) -> None:
+                 disk_tier: DiskTier | None = None, memory_budget_bytes: int | None = None) -> None:
         if disk_dir is not None and disk_tier is not None:
             raise InvalidInputError("give disk_dir or disk_tier, not both")
+        if memory_budget_bytes is not None and (isinstance(memory_budget_bytes, bool)
+                                                or not isinstance(memory_budget_bytes, int)
+                                                or memory_budget_bytes <= 0):
+            raise InvalidInputError(f"memory_budget_bytes must be a positive integer or None, got "
+                                    f"{memory_budget_bytes!r}")
         self.debug = debug
+        self.memory_budget_bytes = memory_budget_bytes
         self.disk = disk_tier if disk_tier is not None else (DiskTier(disk_dir) if disk_dir is not None else None)
         self._lock = threading.RLock()
-        self._entries: dict[str, _Entry] = {}
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()   # least recently used first
         self._bytes_saved = 0
-        self._hits = self._misses = self._disk_hits = self._mutations = 0
+        self._hits = self._misses = self._disk_hits = self._mutations = self._spills = 0
 
     @classmethod
     def from_config(cls, config, disk_dir: str | os.PathLike | None = None) -> SharedTensorStore | None:
@@ -156,7 +172,7 @@ class SharedTensorStore:
         features = config.features()
         if not features.shared_memory:
             return None
-        return cls(disk_dir, debug=features.debug_shared_memory)
+        return cls(disk_dir, debug=features.debug_shared_memory, memory_budget_bytes=config.shared_memory_budget_bytes)
 
     # ------------------------------------------------------------------ writes
 
@@ -177,6 +193,7 @@ class SharedTensorStore:
                     if current.producer == DISK_OWNER:       # the producer recomputed what the disk had
                         current.producer = owner
                         current.holders[owner] += 1
+                    self._entries.move_to_end(key)
                     self._log("put (unchanged)", key, owner)
                     return
                 raise SharedKeyConflictError(
@@ -186,10 +203,26 @@ class SharedTensorStore:
                 )
             entry = _Entry(tensor.detach(), owner, tensor._version, checksum)
             entry.holders[owner] += 1
+            self._entries.pop(key, None)
             self._entries[key] = entry
             self._log("put", key, owner)
         if self.disk is not None and persist:
             self.disk.put(key, tensor, metadata={"producer": owner})
+        with self._lock:
+            self._enforce_budget()
+
+    def _enforce_budget(self) -> None:
+        """Move least recently used entries out of memory until the rest fits the budget (lock held)."""
+        if self.memory_budget_bytes is None:
+            return
+        held = sum(e.nbytes for e in self._entries.values())
+        while held > self.memory_budget_bytes and self._entries:
+            key, entry = self._entries.popitem(last=False)
+            if self.disk is not None and not self.disk.contains(key):
+                self.disk.put(key, entry.tensor, metadata={"producer": entry.producer})
+            held -= entry.nbytes
+            self._spills += 1
+            self._log("spill" if self.disk is not None else "drop (over budget, no disk tier)", key, None)
 
     @staticmethod
     def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -197,20 +230,25 @@ class SharedTensorStore:
 
     # ------------------------------------------------------------------ reads
 
-    def get(self, key: str, owner: str | None = None) -> torch.Tensor | None:
-        """A read-only view of the tensor under ``key`` (None if absent); ``owner`` takes a reference."""
+    def get(self, key: str, owner: str | None = None, *, keep: bool = False) -> torch.Tensor | None:
+        """A read-only view of the tensor under ``key`` (None if absent); ``owner`` takes a reference.
+
+        An entry found only on the disk tier comes back into memory when ``owner`` is given or ``keep``
+        is true (a cache read), else it is read for this call only."""
         self._check_key(key)
         if owner is not None:
             self._check_owner(owner)
         with self._lock:
             entry = self._entries.get(key)
             if entry is None and self.disk is not None:
-                entry = self._load_from_disk(key, keep=owner is not None)
+                entry = self._load_from_disk(key, keep=owner is not None or keep)
             if entry is None:
                 self._misses += 1
                 self._log("miss", key, owner)
                 return None
             self._verify(key, entry)
+            if key in self._entries:
+                self._entries.move_to_end(key)
             self._hits += 1
             self._bytes_saved += entry.nbytes
             if owner is not None:
@@ -218,7 +256,9 @@ class SharedTensorStore:
                 if owner not in entry.readers:
                     entry.readers.append(owner)
             self._log("get", key, owner)
-            return entry.tensor.view(entry.tensor.shape)
+            view = entry.tensor.view(entry.tensor.shape)
+            self._enforce_budget()
+            return view
 
     def _load_from_disk(self, key: str, *, keep: bool) -> _Entry | None:
         """Read ``key`` from the disk tier; ``keep`` it in memory only if an owner takes a reference."""
@@ -237,6 +277,8 @@ class SharedTensorStore:
         self._check_args(key, owner)
         with self._lock:
             entry = self._entries.get(key)
+            if entry is None and self._spilled(key):
+                return 0
             if entry is None or entry.holders[owner] <= 0:
                 raise InvalidInputError(f"{owner!r} holds no reference to shared key {key!r}")
             self._verify(key, entry)
@@ -248,6 +290,9 @@ class SharedTensorStore:
                 del self._entries[key]
             self._log("release", key, owner)
             return left
+
+    def _spilled(self, key: str) -> bool:
+        return self.memory_budget_bytes is not None and self.disk is not None and self.disk.contains(key)
 
     def check(self, key: str | None = None) -> None:
         """Verify one entry (or all) for in-place mutation; raises `SharedTensorMutatedError`."""
@@ -299,6 +344,8 @@ class SharedTensorStore:
                 disk_hits=self._disk_hits,
                 mutations_detected=self._mutations,
                 references=sum(sum(e.holders.values()) for e in self._entries.values()),
+                spills=self._spills,
+                memory_budget_bytes=self.memory_budget_bytes,
             )
 
     # ------------------------------------------------------------------ helpers

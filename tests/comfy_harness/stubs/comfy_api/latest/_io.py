@@ -103,6 +103,7 @@ Vae = _comfytype("VAE")
 Model = _comfytype("MODEL")
 Audio = _comfytype("AUDIO")
 Conditioning = _comfytype("CONDITIONING")
+Clip = _comfytype("CLIP")
 AnyType = _comfytype("*")
 
 
