@@ -5,9 +5,22 @@ mechanism, `comfy/patcher_extension.py`). Before each forward the wrapper prices
 activations with the DiT capacity check's cost model (`h3director.dit.capacity.ledger_cost_model`:
 the planner's ledger of ComfyUI's H3 block at the model's widths, the packed row count and compute
 dtype, at the tier the H3Director DiT Memory node starts from when it is installed, else the stock
-block) and asks `h3director.core.guard.MemoryGuard` to preflight them; the guard applies the configured action (`memory_safety.action_on_exceed`) and
-raises `MemoryLimitExceeded` ("[Director Safety] GPU memory limit exceeded ...") instead of letting
-the forward die in the allocator, so the prompt fails with a readable node error and the worker lives.
+block) and asks `h3director.core.guard.MemoryGuard` to preflight them. A forward that does not fit, or
+that runs out of memory, gets the node's action:
+
+- ``stop_and_clear``: unload every model ComfyUI holds, empty the allocator caches, and fail the prompt
+  with `MemoryLimitExceeded` ("[Director Safety] GPU memory limit exceeded ... on <device>"); the
+  ComfyUI worker lives and the next prompt runs.
+- ``reduce_batch``: retry the forward with a cheaper execution, the first whose preflight fits: more DiT
+  chunks (the next tiers of `h3director.dit.tiers.escalation_ladder`) when the DiT Memory node is
+  installed on the model (later forwards keep the cheaper tier), else the latent batch split in 2, 4,
+  ... parts (every tensor argument whose first dimension is the batch; outputs concatenated). Both
+  are "exact where verified" (the same arithmetic in another grouping). When nothing cheaper fits it
+  stops as above.
+- ``fallback_to_cpu`` is not offered: ComfyUI's model patcher owns where the DiT weights live, so a
+  DiT forward cannot be rerun on the CPU here. Steps that support it: library steps run with
+  `MemoryGuard.run(step, device=...)`, and the decode (its out-of-memory ladder moves a clip to the CPU
+  for diffusers VAEs). A config asking for it is refused when the node runs.
 """
 
 from __future__ import annotations
@@ -18,7 +31,9 @@ from h3director.geometry import PATCH_SIZE
 from h3director.units import GiB
 
 GUARD_KEY = "h3director_memory_guard"
-ACTIONS = ["from config", "stop_and_clear", "reduce_batch", "fallback_to_cpu"]
+ACTIONS = ["from config", "stop_and_clear", "reduce_batch"]
+DIT_FORWARD_ACTIONS = ("stop_and_clear", "reduce_batch")
+"""What a DiT forward supports (see the module docstring); `fallback_to_cpu` is not among them."""
 
 
 def forward_tokens(x) -> int:
@@ -58,29 +73,146 @@ def _forward_rows(model, x, context, kwargs) -> int:
     return forward_tokens(x) + (int(context.shape[1]) if context is not None and context.ndim >= 2 else 0)
 
 
-def _dit_memory_floor(transformer_options):
-    """The tier the H3Director DiT Memory node starts from, when its wrapper is on this model; else stock."""
-    from h3director.dit.tiers import STOCK
-
+def _dit_memory_handle(transformer_options):
+    """The H3Director DiT Memory node's handle when its wrapper is on this model, else None."""
     wrappers = (transformer_options or {}).get("wrappers", {})
     for by_key in wrappers.values():
         for wrapper in (by_key or {}).get("h3director_dit_memory", []):
             handle = getattr(wrapper, "handle", None)
-            floor = getattr(handle, "floor", None)
-            if floor is not None:
-                return floor
-    return STOCK
+            if getattr(handle, "floor", None) is not None:
+                return handle
+    return None
 
 
-def make_guard_wrapper(guard, cost_model=None):
-    """A `DIFFUSION_MODEL` wrapper preflighting the forward's activation bytes with `guard`.
+def _dit_memory_floor(transformer_options):
+    """The tier the H3Director DiT Memory node starts from, when its wrapper is on this model; else stock."""
+    from h3director.dit.tiers import STOCK
+
+    handle = _dit_memory_handle(transformer_options)
+    return handle.floor if handle is not None else STOCK
+
+
+def split_batch(x, args: tuple, kwargs: dict, parts: int) -> list[tuple]:
+    """``(x, args, kwargs)`` for each of `parts` slices of the latent batch: every tensor whose first
+    dimension is the batch is sliced (``torch.chunk``), the transformer options' per-item lists
+    (``cond_or_uncond``, ``uuids``) too; everything else is passed as it is."""
+    import torch
+
+    batch = int(x.shape[0])
+    chunks = [len(c) for c in torch.arange(batch).chunk(parts)]
+    bounds = [sum(chunks[:i]) for i in range(len(chunks) + 1)]
+
+    def cut(value, i):
+        if isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] == batch:
+            return value[bounds[i]:bounds[i + 1]]
+        if isinstance(value, dict) and any(k in value for k in ("cond_or_uncond", "uuids")):
+            copied = dict(value)
+            for key in ("cond_or_uncond", "uuids"):
+                if isinstance(copied.get(key), list) and len(copied[key]) == batch:
+                    copied[key] = copied[key][bounds[i]:bounds[i + 1]]
+            return copied
+        return value
+
+    return [(cut(x, i), tuple(cut(a, i) for a in args), {k: cut(v, i) for k, v in kwargs.items()})
+            for i in range(len(chunks))]
+
+
+class _GuardedForward:
+    """One guarded forward: its measurements, the cheaper executions `reduce_batch` may try, the stop."""
+
+    def __init__(self, guard, stopper, executor, x, args, kwargs, cost, rows, dtype, handle) -> None:
+        self.guard, self.stopper, self.executor = guard, stopper, executor
+        self.x, self.args, self.kwargs = x, args, kwargs
+        self.cost, self.rows, self.dtype, self.handle = cost, rows, dtype, handle
+
+    def what(self, plan, rows=None, parts: int = 1) -> str:
+        text = f"diffusion model forward ({rows or self.rows} packed rows, {plan.describe()}"
+        return text + (f", batch in {parts} parts)" if parts > 1 else ")")
+
+    def fits(self, plan, rows: int, what: str) -> bool:
+        from h3director.core.guard import MemoryLimitExceeded
+
+        try:
+            self.guard.preflight(int(self.cost(plan, rows, self.dtype)), what)
+        except MemoryLimitExceeded:
+            return False
+        return True
+
+    def call(self, x, args, kwargs, what: str):
+        """Run the executor; an allocator failure becomes `MemoryLimitExceeded` for `what`."""
+        from h3director.core.oom import is_out_of_memory
+
+        try:
+            return self.executor(x, *args, **kwargs)
+        except Exception as error:
+            if not is_out_of_memory(error):
+                raise
+            self.guard.cache_clearer(self.guard.device)
+            raise self.guard.limit_error(what, detail=f"out of memory: {str(error).splitlines()[0][:200]}") from error
+
+    def record(self, what: str, action: str, error) -> None:
+        from h3director.core.guard import GuardEvent
+
+        self.guard.events.append(GuardEvent(what, "preflight", action, error.memory, error.measured_bytes,
+                                            error.budget_bytes, None, self.guard.device))
+
+    def reduce(self, plan, error):
+        """The first cheaper execution that fits (more DiT chunks, else a batch split); None if none does."""
+        import torch
+
+        from h3director.dit.tiers import escalation_ladder
+
+        if self.handle is not None:
+            ladder = escalation_ladder(self.handle.heads, self.rows)
+            later = ladder[ladder.index(plan) + 1:] if plan in ladder else ladder
+            for cheaper in later:
+                what = self.what(cheaper)
+                if self.fits(cheaper, self.rows, what):
+                    self.handle.floor = cheaper      # later forwards start from the cheaper tier
+                    self.record(what, "reduce_batch", error)
+                    return (self.call(self.x, self.args, self.kwargs, what),)
+        batch = int(self.x.shape[0]) if isinstance(self.x, torch.Tensor) and self.x.ndim >= 1 else 1
+        parts = 2
+        while parts <= batch:
+            rows = -(-self.rows * -(-batch // parts) // batch)
+            what = self.what(plan, rows, parts)
+            if self.fits(plan, rows, what):
+                self.record(what, "reduce_batch", error)
+                outputs = [self.call(x, args, kwargs, what) for x, args, kwargs in
+                           split_batch(self.x, self.args, self.kwargs, parts)]
+                return (torch.cat(outputs, dim=0),)
+            parts *= 2
+        return None
+
+    def stop(self, error, note: str = ""):
+        from h3director.core.guard import MemoryLimitExceeded
+
+        self.stopper()
+        self.record(error.phase, "stop_and_clear", error)
+        detail = "; ".join(part for part in (str(error).split("; ", 1)[1] if "; " in str(error) else "", note,
+                                             "models unloaded and caches emptied") if part)
+        raise MemoryLimitExceeded(error.phase, error.memory, error.budget_bytes, error.measured_bytes,
+                                  error.requested_bytes, detail=detail, device=error.device) from error
+
+
+def make_guard_wrapper(guard, cost_model=None, stopper=None):
+    """A `DIFFUSION_MODEL` wrapper preflighting the forward's activation bytes with `guard` and applying
+    ``guard.action`` (``stop_and_clear`` or ``reduce_batch``, see the module docstring).
 
     `cost_model(plan, rows, dtype) -> bytes` (default: `ledger_cost_model` for ComfyUI's block at the
-    model's widths, read at the first forward)."""
+    model's widths, read at the first forward). `stopper()` unloads models and empties caches (default:
+    `h3director.comfy.runtime.unload_models_and_empty_caches`)."""
     models: dict = {}
 
+    def stop_default() -> None:
+        from h3director.comfy import runtime
+
+        runtime.unload_models_and_empty_caches()
+
     def wrapper(executor, x, *args, **kwargs):
+        from h3director.core.guard import MemoryLimitExceeded
         from h3director.dit.capacity import ledger_cost_model
+        from h3director.dit.tiers import STOCK
 
         model = getattr(executor, "class_obj", None)
         context = args[1] if len(args) > 1 else kwargs.get("context")
@@ -95,10 +227,23 @@ def make_guard_wrapper(guard, cost_model=None):
                 device = getattr(context, "device", None)
                 models[key] = ledger_cost_model(dit_shape_of(model), "comfy", device=device)
             cost = models[key]
-        plan = _dit_memory_floor(options if isinstance(options, dict) else None)
-        guard.preflight(int(cost(plan, rows, dtype)),
-                        f"diffusion model forward ({rows} packed rows, {plan.describe()})")
-        return executor(x, *args, **kwargs)
+        handle = _dit_memory_handle(options if isinstance(options, dict) else None)
+        plan = handle.floor if handle is not None else STOCK
+        forward = _GuardedForward(guard, stopper or stop_default, executor, x, args, kwargs, cost, rows, dtype, handle)
+        what = forward.what(plan)
+        try:
+            guard.preflight(int(cost(plan, rows, dtype)), what)
+            return forward.call(x, args, kwargs, what)
+        except MemoryLimitExceeded as error:
+            if not guard.enabled:
+                raise
+            if guard.action == "reduce_batch":
+                reduced = forward.reduce(plan, error)
+                if reduced is not None:
+                    return reduced[0]
+                forward.stop(error, "reduce_batch: no cheaper execution fits (more DiT chunks need the DiT Memory "
+                                    "node; a batch of 1 cannot be split)")
+            forward.stop(error)
 
     return wrapper
 
@@ -110,8 +255,11 @@ class MemoryGuardNode(io.ComfyNode):
             node_id="H3DirectorMemoryGuard",
             display_name="H3Director Memory Guard",
             category="H3 Director/memory",
-            description="Checks each diffusion-model forward against the GPU memory budget before it runs and "
-                        "applies the configured action instead of an out-of-memory crash.",
+            description="Checks each diffusion-model forward against the GPU memory budget before it runs. "
+                        "stop_and_clear: unload models, empty caches, stop the prompt with a [Director Safety] "
+                        "message (the next prompt runs). reduce_batch: retry with more DiT chunks (DiT Memory "
+                        "node installed) or a split latent batch, else stop. fallback_to_cpu is not supported "
+                        "for DiT forwards (ComfyUI owns where the weights live).",
             inputs=[io.Model.Input("model"),
                     io.Combo.Input("action", options=ACTIONS, default="from config"),
                     io.Float.Input("budget_gb", default=0.0, min=0.0, max=1024.0, step=0.5,
@@ -127,9 +275,15 @@ class MemoryGuardNode(io.ComfyNode):
         from h3director.comfy import runtime
         from h3director.comfy.settings import pack_config
         from h3director.core.guard import MemoryGuard
+        from h3director.errors import InvalidInputError
 
         config = pack_config()
         guard_action = config.memory_safety.action_on_exceed if action == "from config" else action
+        if guard_action not in DIT_FORWARD_ACTIONS:
+            raise InvalidInputError(
+                f"action {guard_action!r}{' (from memory_safety.action_on_exceed)' if action == 'from config' else ''} "
+                f"is not supported for DiT forwards: ComfyUI's model patcher owns where the weights live, so the "
+                f"forward cannot be rerun on the CPU. Use {' or '.join(DIT_FORWARD_ACTIONS)}")
         device = model.load_device
         budget = int(budget_gb * GiB) if budget_gb else config.memory_safety.max_gpu_memory_bytes
         if budget is None:

@@ -3,7 +3,7 @@
 Mirrors of these functions in the test harness (`tests/comfy_harness/`) keep the same signatures:
 `folder_paths.get_output_directory`, `folder_paths.get_temp_directory`,
 `folder_paths.get_save_image_path`, and `comfy.model_management.{free_memory, get_free_memory,
-get_total_memory, load_models_gpu, soft_empty_cache, get_torch_device}`.
+get_total_memory, load_models_gpu, soft_empty_cache, get_torch_device, unload_all_models}`.
 """
 
 from __future__ import annotations
@@ -74,6 +74,14 @@ def free_device_memory(bytes_needed: int, device) -> None:
     import comfy.model_management
 
     comfy.model_management.free_memory(bytes_needed, device)
+    comfy.model_management.soft_empty_cache()
+
+
+def unload_models_and_empty_caches() -> None:
+    """Unload every model ComfyUI holds on its devices and empty the allocator caches (the guard's stop)."""
+    import comfy.model_management
+
+    comfy.model_management.unload_all_models()
     comfy.model_management.soft_empty_cache()
 
 

@@ -295,6 +295,15 @@ class MemoryGuard:
             raise _exceeded(what, self.device, self.budget_bytes, used, nbytes)
         return self.budget_bytes - used - nbytes
 
+    def limit_error(self, what: str, requested_bytes: int = 0, detail: str = "") -> MemoryLimitExceeded:
+        """`MemoryLimitExceeded` for the device budget with the use measured now (for a caller that detected
+        the crossing itself, e.g. an out-of-memory error); budget 0 when the guard has none."""
+        try:
+            measured = int(self.device_reader(self.device))
+        except Exception:  # noqa: BLE001 - a failed reading must not hide the error being reported
+            measured = 0
+        return _exceeded(what, self.device, self.budget_bytes or 0, measured, requested_bytes, detail=detail)
+
     def check(self) -> None:
         """Sample now from inside a guarded step; stops the step if a budget was crossed."""
         if not self._watches:

@@ -1,7 +1,7 @@
 """Stand-in for `comfy/model_management.py` on a CPU-only ComfyUI (`--cpu`).
 
 Same function names and signatures as the real module: `get_torch_device`, `get_total_memory`,
-`get_free_memory`, `free_memory`, `load_models_gpu`, `soft_empty_cache`, `is_oom`,
+`get_free_memory`, `free_memory`, `load_models_gpu`, `soft_empty_cache`, `is_oom`, `unload_all_models`,
 `intermediate_device`. Calls are recorded in `calls` so tests can check what the pack asked for.
 """
 
@@ -42,3 +42,7 @@ def soft_empty_cache(force=False):
 
 def is_oom(e):
     return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
+
+
+def unload_all_models():
+    calls.append(("unload_all_models",))
