@@ -10,9 +10,10 @@ What a tier changes (see `h3director.dit.tiers` for the exactness classes):
 
 - every tier (lifetime frees, exact by construction): the same modules are called in the stock order
   on the same tensors; the modulated block input dies right after the q/k/v projections, the attention
-  output after the gated residual, the modulated FFN input after fc1 (`ff.net[0].proj`), and the FFN's
-  gated residual is added into the post-attention stream (a tensor this block made) instead of a new
-  tensor. Elementwise ops run in the stock order (`gate * ff`, then the add), so the values match;
+  output after the gated residual, the modulated FFN input after fc1 (`ff.net[0].proj`); SwiGLU's
+  product is written into its SiLU buffer (`silu(gate).mul_(value)`: one IEEE multiply is commutative to
+  the bit), and the FFN's gated residual is added into the post-attention stream (a tensor this block
+  made) instead of a new tensor. Elementwise ops run in the stock order (`gate * ff`, then the add), so the values match;
 - `head_chunks` > 1: per head group, q/k/v are `F.linear` over that group's rows of the projection
   weight (`to_q`/`to_k`/`to_v`, or the q/k/v thirds of a fused `to_qkv`), then `norm_q`/`norm_k` and
   the rotary embedding on the group, then diffusers' `dispatch_attention_fn` with the processor's
@@ -217,8 +218,12 @@ def _feed_forward_rows(ff: nn.Module, hidden: list) -> torch.Tensor:
     del x
     value, gate = projected.chunk(2, dim=-1)
     del projected
-    out = value * swiglu.activation(gate)
-    del value, gate
+    out = swiglu.activation(gate)
+    del gate
+    # stock: value * silu(gate). One IEEE multiply is commutative to the bit, so multiplying into the SiLU
+    # buffer gives the same values without allocating the product (a placement change only).
+    out.mul_(value)
+    del value
     for module in ff.net[1:]:
         out = module(out)
     return out

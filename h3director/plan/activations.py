@@ -313,13 +313,18 @@ def _attention(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attention:
 
 def _swiglu_ffn(ledger: ByteLedger, shape: DiTShape, rows: int, e: int, free_input: str | None = None) -> None:
     """diffusers' SwiGLU `FeedForward` over `rows` rows -> "ff_out" live: fc1, SiLU(gate), the product,
-    fc2. `free_input` names the input to drop right after fc1 (the lifetime tiers)."""
+    fc2. `free_input` names the input to drop right after fc1 (the lifetime tiers), which also multiply
+    into the SiLU buffer in place instead of allocating the product."""
     ledger.alloc("fc1", rows * 2 * shape.ffn * e)
     if free_input:
         ledger.free(free_input)
     ledger.alloc("silu", rows * shape.ffn * e)
-    ledger.alloc("swiglu", rows * shape.ffn * e)
-    ledger.free("silu", "fc1")
+    if free_input:
+        ledger.rename("silu", "swiglu")
+        ledger.free("fc1")
+    else:
+        ledger.alloc("swiglu", rows * shape.ffn * e)
+        ledger.free("silu", "fc1")
     ledger.alloc("ff_out", rows * shape.hidden * e)
     ledger.free("swiglu")
 
