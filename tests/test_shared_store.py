@@ -173,3 +173,18 @@ def test_disk_entries_stay_in_memory_only_while_referenced(tmp_path):
         store.put("k", torch.ones(4), owner="someone_else")
     store.release("k", "dit")
     assert store.release("k", "text_encoder") == 0 and store.keys() == []
+
+
+def test_inference_tensors_are_stored_as_normal_copies(tmp_path):
+    """ComfyUI runs nodes under inference_mode; such tensors have no version counter to watch."""
+    from h3director.core.disk_tier import DiskTier
+
+    store = SharedTensorStore(disk_tier=DiskTier(tmp_path / "tier"))
+    with torch.inference_mode():
+        made = torch.arange(6.0)
+        store.put("k", made, "producer")
+        assert torch.equal(store.get("k"), made)
+    fresh = SharedTensorStore(disk_tier=DiskTier(tmp_path / "tier"))
+    with torch.inference_mode():
+        assert torch.equal(fresh.get("k", owner="reader"), torch.arange(6.0))
+    fresh.check("k")

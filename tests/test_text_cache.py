@@ -38,6 +38,7 @@ class CountingEncoder(torch.nn.Module):
 class Patcher:
     def __init__(self) -> None:
         self.patches_uuid = uuid.uuid4()
+        self.patches: dict = {}
         self.forced_hooks = None
 
 
@@ -109,13 +110,19 @@ def test_second_prompt_runs_no_encoder_forward_and_is_equal(level3):
 def test_patches_or_clip_skip_change_the_key(level3):
     clip = CountedClip()
     _run(clip, "same text")
-    clip.patcher.patches_uuid = uuid.uuid4()                # a LoRA was applied
+    clip.patcher.patches = {"proj.weight": [(0.8, torch.randn(64, 64), 1.0, None, None)]}   # a LoRA was added
+    clip.patcher.patches_uuid = uuid.uuid4()
     _run(clip, "same text")
     clip.layer_idx = -2                                     # CLIP Set Last Layer
     _run(clip, "same text")
-    other = CountedClip()                                      # another encoder object, same class
+    other = CountedClip()                                   # other weights, same class
     _run(other, "same text")
     assert clip.cond_stage_model.forwards == 3 and other.cond_stage_model.forwards == 1
+    reloaded = CountingEncoder()                            # the same weights loaded again: a new object
+    reloaded.load_state_dict(other.cond_stage_model.state_dict())
+    again = CountedClip(reloaded)
+    _run(again, "same text")
+    assert reloaded.forwards == 0
 
 
 def test_below_level_3_it_encodes_every_time_and_says_so(level3):

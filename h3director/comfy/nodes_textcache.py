@@ -3,8 +3,11 @@
 The node does what core CLIP Text Encode does (`clip.tokenize(text)`, then
 `clip.encode_from_tokens_scheduled(tokens)`), but first looks the result up in the shared store
 (`h3director.comfy.nodes_shared.shared_store`) under a content key: blake2b of the text and the
-text encoder's fingerprint (`clip_fingerprint`: the encoder module's identity in this process, the
-patcher's patch set `patches_uuid`, the CLIP skip layer and tokenizer options). Length, seed,
+text encoder's fingerprint (`clip_fingerprint`: per weight tensor its name, dtype, shape and 16
+values strided across it; the patcher's patches (LoRA weights sampled the same way, strengths); the
+CLIP skip layer and tokenizer options). The fingerprint is computed once per encoder object and
+patch set, so a reloaded encoder with the same weights (e.g. ComfyUI run with ``--cache-none``) hits
+too; two encoders that differ only in weights the samples miss would share entries. Length, seed,
 resolution and every other input of the graph are not part of the key, so changing only those never
 re-runs the encoder. The store keeps at most ``shared_memory_budget_mb`` in memory; least recently
 used entries go to its disk tier and come back on a hit.
@@ -21,38 +24,84 @@ served from the cache instead of re-encoded).
 from __future__ import annotations
 
 import threading
-import uuid
 import weakref
 from typing import Any
 
 from comfy_api.latest import io
 
 OWNER = "h3director-text-cache"
-_tokens: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_memo: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # encoder module -> (patches_uuid, digest)
 _lock = threading.Lock()
 _counters = {"hits": 0, "misses": 0, "bypassed": 0, "bytes_saved": 0}
 
 
-def _model_token(module: Any) -> str:
-    """A token naming one encoder module object for this process's lifetime (never reused, unlike id())."""
+def _sample(hasher, tensor) -> None:
+    """Name-free part of a tensor's fingerprint: dtype, shape and 16 values strided across it."""
+    import torch
+
+    hasher.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+    if tensor.device.type == "meta" or tensor.numel() == 0:
+        return
+    flat = tensor.detach().reshape(-1)
+    picked = flat[:: max(1, flat.numel() // 16)][:16].to("cpu").contiguous()
+    hasher.update(picked.view(torch.uint8).numpy().tobytes())
+
+
+def _walk_patch(hasher, value, depth: int = 0) -> None:
+    """Hash a patch entry: numbers and strings as text, tensors sampled, adapters through their weights."""
+    import torch
+
+    if depth > 6:
+        return
+    if isinstance(value, torch.Tensor):
+        _sample(hasher, value)
+    elif isinstance(value, (int, float, str, bool)) or value is None:
+        hasher.update(repr(value).encode())
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _walk_patch(hasher, item, depth + 1)
+    elif isinstance(value, dict):
+        for key in sorted(value, key=repr):
+            hasher.update(repr(key).encode())
+            _walk_patch(hasher, value[key], depth + 1)
+    else:
+        hasher.update(type(value).__name__.encode())
+        _walk_patch(hasher, getattr(value, "weights", None), depth + 1)
+
+
+def _weights_fingerprint(model: Any, patcher: Any) -> str:
+    import hashlib
+
+    key = str(getattr(patcher, "patches_uuid", ""))
     with _lock:
-        token = _tokens.get(module)
-        if token is None:
-            token = uuid.uuid4().hex
-            _tokens[module] = token
-        return token
+        memo = _memo.get(model)
+        if memo is not None and memo[0] == key:
+            return memo[1]
+    hasher = hashlib.blake2b(digest_size=16)
+    hasher.update(type(model).__name__.encode())
+    for name, tensor in model.state_dict().items():
+        hasher.update(name.encode())
+        _sample(hasher, tensor)
+    patches = getattr(patcher, "patches", None) or {}
+    for name in sorted(patches):
+        hasher.update(b"patch" + str(name).encode())
+        _walk_patch(hasher, patches[name])
+    digest = hasher.hexdigest()
+    with _lock:
+        _memo[model] = (key, digest)
+    return digest
 
 
 def clip_fingerprint(clip: Any) -> str:
-    """The text encoder's identity as it will encode: module, patches, CLIP skip, tokenizer options."""
+    """The text encoder as it will encode: sampled weights and patches, CLIP skip, tokenizer options."""
     model = getattr(clip, "cond_stage_model", None)
     patcher = getattr(clip, "patcher", None)
-    if model is None or patcher is None:
+    if model is None or patcher is None or not hasattr(model, "state_dict"):
         from h3director.errors import InvalidInputError
 
         raise InvalidInputError(f"clip must be ComfyUI's CLIP (cond_stage_model, patcher), got {type(clip).__name__}")
-    parts = [type(model).__name__, _model_token(model), str(getattr(patcher, "patches_uuid", "")),
-             repr(getattr(clip, "layer_idx", None)), repr(sorted(getattr(clip, "tokenizer_options", {}).items()))]
+    parts = [_weights_fingerprint(model, patcher), repr(getattr(clip, "layer_idx", None)),
+             repr(sorted((getattr(clip, "tokenizer_options", None) or {}).items()))]
     return "|".join(parts)
 
 

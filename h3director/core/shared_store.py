@@ -12,6 +12,9 @@ Conventions
   op bumps; the store checks it on each access and raises `SharedTensorMutatedError` naming the
   producer and the owners that held views. In debug mode a blake2b checksum of the bytes is checked
   too, which also catches writes that bypass the counter (``.data``, numpy views, foreign kernels).
+- Inference tensors (made under ``torch.inference_mode``, as ComfyUI runs its nodes) track no version
+  counter, so ``put`` stores a normal copy of one (made with inference mode off) instead of the
+  tensor itself, and entries read from the disk tier are created with inference mode off.
 - A key is bound to its producer, dtype and shape: putting the same key from another owner or with
   another dtype/shape raises `SharedKeyConflictError` unless ``replace=True``; the same owner putting
   an equal tensor again is a no-op.
@@ -201,6 +204,9 @@ class SharedTensorStore:
                     f"{tuple(current.tensor.shape)}; {owner!r} tried to put {tensor.dtype} {tuple(tensor.shape)} "
                     "(pass replace=True to overwrite)"
                 )
+            if tensor.is_inference():
+                with torch.inference_mode(False):
+                    tensor = tensor.clone()
             entry = _Entry(tensor.detach(), owner, tensor._version, checksum)
             entry.holders[owner] += 1
             self._entries.pop(key, None)
@@ -262,7 +268,8 @@ class SharedTensorStore:
 
     def _load_from_disk(self, key: str, *, keep: bool) -> _Entry | None:
         """Read ``key`` from the disk tier; ``keep`` it in memory only if an owner takes a reference."""
-        stored = self.disk.get(key)
+        with torch.inference_mode(False):
+            stored = self.disk.get(key)
         if stored is None or "tensor" not in stored:
             return None
         tensor = stored["tensor"]
