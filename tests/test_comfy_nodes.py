@@ -111,18 +111,65 @@ def test_bad_inputs_are_refused_before_decoding(video_vae, output_dir):
     assert not list(output_dir.parent.glob("escape*"))
 
 
-def test_frame_offset_shifts_and_clamps_frames_and_audio():
+def test_frame_offset_moves_the_picture_against_the_untouched_sound():
     from h3director.comfy.nodes_frames import FrameOffset
 
     images = torch.arange(5, dtype=torch.float32).view(5, 1, 1, 1).expand(5, 2, 2, 3).contiguous()
     wave = torch.arange(1, 11, dtype=torch.float32).view(1, 1, 10)
     out_images, out_audio = FrameOffset.execute(images, 2, 5.0, audio={"waveform": wave, "sample_rate": 10}).args
-    assert out_images[:, 0, 0, 0].tolist() == [0, 0, 0, 1, 2]
-    assert out_audio["waveform"].flatten().tolist() == [0, 0, 0, 0, 1, 2, 3, 4, 5, 6]
+    assert out_images[:, 0, 0, 0].tolist() == [0, 0, 0, 1, 2]      # picture later: the first frame repeats
+    assert torch.equal(out_audio["waveform"], wave)                  # the sound is not moved
     back, _ = FrameOffset.execute(images, -2, 24.0).args
-    assert back[:, 0, 0, 0].tolist() == [2, 3, 4, 4, 4]
+    assert back[:, 0, 0, 0].tolist() == [2, 3, 4, 4, 4]             # picture earlier: the last frame repeats
+
+
+def test_frame_offset_moves_the_sound_against_the_untouched_picture():
+    from h3director.comfy.nodes_frames import FrameOffset
+
+    images = torch.rand(4, 2, 2, 3)
+    wave = torch.arange(1, 11, dtype=torch.float32).view(1, 1, 10)
+    audio = {"waveform": wave, "sample_rate": 10}
+    out_images, later = FrameOffset.execute(images, 0, 24.0, audio=audio, audio_ms=300.0).args
+    assert torch.equal(out_images, images)
+    assert later["waveform"].flatten().tolist() == [0, 0, 0, 1, 2, 3, 4, 5, 6, 7]   # silence in front
+    _, earlier = FrameOffset.execute(images, 0, 24.0, audio=audio, audio_ms=-140.0).args   # 1.4 -> 1 sample
+    assert earlier["waveform"].flatten().tolist() == [2, 3, 4, 5, 6, 7, 8, 9, 10, 0]  # silence at the end
+
+
+def test_frame_offset_refuses_bad_input():
+    from h3director.comfy.nodes_frames import FrameOffset
+
+    wave = {"waveform": torch.zeros(1, 1, 10), "sample_rate": 10}
     with pytest.raises(InvalidInputError):
         FrameOffset.execute(torch.zeros(2, 2, 3), 1, 24.0)
+    with pytest.raises(InvalidInputError, match="beyond the clip"):
+        FrameOffset.execute(torch.zeros(3, 2, 2, 3), 3, 24.0)
+    with pytest.raises(InvalidInputError, match="beyond the sound"):
+        FrameOffset.execute(torch.zeros(3, 2, 2, 3), 0, 24.0, audio=wave, audio_ms=1000.0)
+    with pytest.raises(InvalidInputError, match="no audio"):
+        FrameOffset.execute(torch.zeros(3, 2, 2, 3), 0, 24.0, audio_ms=5.0)
+
+
+def test_av_sync_measure_node_reads_the_offset_and_plots_both_envelopes():
+    from h3director.av.synthetic import synthetic_tracks
+    from h3director.comfy.nodes_avsync import AVSyncMeasure
+    from h3director.comfy.nodes_frames import FrameOffset
+
+    frames, samples = synthetic_tracks("flash", 80.0, seconds=6.0, size=(64, 48), seed=4)
+    images = torch.from_numpy(frames).float() / 255.0
+    audio = {"waveform": torch.from_numpy(samples).view(1, 1, -1), "sample_rate": 32000}
+    offset, confidence, plot, text = AVSyncMeasure.execute(images, audio, 24.0).args
+    assert abs(offset - 80.0) <= 10.0 and confidence >= 0.25 and "audio late" in text
+    assert plot.ndim == 4 and plot.shape[0] == 1 and plot.shape[-1] == 3 and plot.dtype == torch.float32
+    assert 0 <= float(plot.min()) and float(plot.max()) <= 1 and float(plot.std()) > 0
+    _, fixed = FrameOffset.execute(images, 0, 24.0, audio=audio, audio_ms=-offset).args   # the seed's correction
+    assert abs(AVSyncMeasure.execute(images, fixed, 24.0).args[0]) <= 10.0
+    still, quiet = synthetic_tracks("none", 0.0, seconds=3.0, size=(64, 48))
+    result = AVSyncMeasure.execute(torch.from_numpy(still).float() / 255.0,
+                                   {"waveform": torch.from_numpy(quiet).view(1, 1, -1), "sample_rate": 32000}, 24.0)
+    assert result.args[:2] == (0.0, 0.0) and result.args[3].startswith("no usable events")
+    with pytest.raises(InvalidInputError, match="AUDIO"):
+        AVSyncMeasure.execute(images, {"waveform": torch.zeros(3)}, 24.0)
 
 
 def _wait_for_samples(monitor, count: int, timeout_s: float = 60.0) -> None:

@@ -105,11 +105,12 @@ def _sound_events(values: np.ndarray) -> int:
     return count_events(gaussian_smooth(values, SOUND_EVENT_SIGMA_S / GRID_S), AUDIO_FLOOR)
 
 
+def _prepared(raw: np.ndarray, fps: float) -> np.ndarray:
+    return prepare(raw, 0.5 / fps / GRID_S, int(round(TREND_S / GRID_S)))
+
+
 def _offset(picture_raw: np.ndarray, sound_raw: np.ndarray, fps: float, max_lag: int):
-    sigma = 0.5 / fps / GRID_S
-    trend = int(round(TREND_S / GRID_S))
-    picture = prepare(picture_raw, sigma, trend)
-    sound = prepare(sound_raw, sigma, trend)
+    picture, sound = _prepared(picture_raw, fps), _prepared(sound_raw, fps)
     if not picture.any() or not sound.any():
         return None, picture, sound
     search = min(max_lag, len(picture) - 1)
@@ -165,7 +166,7 @@ def measure_envelopes(motion: tuple[np.ndarray, np.ndarray], flux: Envelope, fps
         reason = (f"no usable events: the picture has {picture_events} and the sound {sound_events} distinct "
                   f"events (need {MIN_EVENTS} each)")
         return AVSyncResult(None, 0.0, 0.0, False, reason, picture_events, sound_events, max_offset_ms, windows,
-                            grid_start_s=start, picture=picture, sound=sound)
+                            grid_start_s=start, picture=_prepared(picture_raw, fps), sound=_prepared(sound_raw, fps))
     offset_ms = peak.lag * GRID_S * 1000
     reason = "ok" if peak.confidence >= LOW_CONFIDENCE else "low confidence: the events barely line up"
     if abs(abs(offset_ms) - max_offset_ms) < 1.0:

@@ -6,6 +6,7 @@ import logging
 
 from comfy_api.latest import ComfyExtension, io
 
+from h3director.comfy.nodes_avsync import AVSyncMeasure
 from h3director.comfy.nodes_decode import DecodeAVStreaming
 from h3director.comfy.nodes_dit import DiTMemoryNode
 from h3director.comfy.nodes_frames import FrameOffset
@@ -19,6 +20,7 @@ from h3director.comfy.nodes_textcache import CachedTextEncode
 NODES: list[type[io.ComfyNode]] = [
     DecodeAVStreaming, MonitorStart, MonitorStop, MemoryGuardNode, SharedWrite, SharedRead, FrameOffset, PlanNode,
     DiTMemoryNode, GGUFDiTLoader, CachedTextEncode,
+    AVSyncMeasure,
 ]
 
 
