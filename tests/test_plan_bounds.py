@@ -199,3 +199,19 @@ def test_the_decode_ledger_replays_two_vit_blocks_per_tile_whatever_the_depth(mo
     monkeypatch.setattr(decode, "_vit_block", counting)
     decode.decode_clip_working_set_bytes({}, 256, 256, None, "bf16")    # one tile, the released 36 layers
     assert len(calls) == 2
+
+
+def test_no_audio_drops_the_audio_vae_and_its_output_but_not_the_sampled_audio_rows():
+    """H3 samples its audio rows whatever the output (ComfyUI's empty AV latent always carries them); without
+    audio output the audio VAE is not loaded and nothing of it is planned."""
+    from h3director.plan import PlanRequest, estimate
+
+    with_audio = estimate(PlanRequest(1344, 768, 124))
+    without = estimate(PlanRequest(1344, 768, 124, audio=False))
+    assert without.geometry.packed_tokens == with_audio.geometry.packed_tokens
+    assert without.geometry.audio_rows == with_audio.geometry.audio_rows > 0
+    phase = {p.name: p for p in with_audio.phases}
+    phase_off = {p.name: p for p in without.phases}
+    assert phase_off["sampling"] == phase["sampling"]
+    assert phase_off["decode"].weights_bytes < phase["decode"].weights_bytes
+    assert phase_off["decode"].host_bytes < phase["decode"].host_bytes

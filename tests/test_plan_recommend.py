@@ -90,15 +90,17 @@ def test_a_tight_recommendation_holds_on_a_measured_forward_of_the_real_dit():
     advice = recommend(request, budget, formats=["bf16"])
     r, geo = advice.request, advice.estimate.geometry
     assert (r.weights, r.head_chunks, r.ffn_chunks, r.offload_blocks) == ("bf16", 1, 1, 0)
-    # 362 frames = 22 encoder clips -> 22 x 5 - 3 = 107 latent frames of (128 / 32)^2 = 16 tokens; 64 text rows
-    assert (geo.text_rows, geo.audio_rows, geo.cond_rows, geo.video_tokens) == (64, 0, 0, 107 * 16)
+    # 362 frames = 22 encoder clips -> 22 x 5 - 3 = 107 latent frames of (128 / 32)^2 = 16 tokens; 64 text rows;
+    # round(362 / 24 x 40) = 603 audio latents, 2 rows each (sampled even with no audio output)
+    assert (geo.text_rows, geo.audio_rows, geo.cond_rows, geo.video_tokens) == (64, 2 * 603, 0, 107 * 16)
 
     model = MiniMaxH3Transformer3DModel(**DIT_A).to(torch.bfloat16)
     for name in ("proj_in", "audio_proj_in", "time_embedder", "proj_out", "audio_proj_out"):
         getattr(model, name).float()                               # as the release ships them
     measured_weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    measured_forward, _ = dit_case(DIT_A, geo.text_rows, 0, geo.video_tokens, torch.bfloat16)()
-    latents = 3 * 4 * 24 * 107 * (128 // 16) ** 2                # float32 latents, velocity, step (not measured)
+    measured_forward, _ = dit_case(DIT_A, geo.text_rows, geo.audio_rows, geo.video_tokens, torch.bfloat16)()
+    latents = 3 * 4 * (24 * 107 * (128 // 16) ** 2 + 2 * 32 * 603)   # float32 video + stereo audio latents,
+    #                                                                  velocity, step (not measured)
 
     sampling = _sampling(advice.estimate)
     assert sampling.weights_bytes == measured_weights

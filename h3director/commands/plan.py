@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text-tokens", type=int, default=None, help="prompt tokens (default 512)")
     parser.add_argument("--dit-layers", type=int, default=None,
                         help="DiT blocks, 1 to 100 (default 50; the published 'pruned' checkpoints are about 30)")
-    parser.add_argument("--no-audio", action="store_true", help="no audio rows and no audio decode")
+    parser.add_argument("--no-audio", action="store_true", help="no audio output: the audio VAE is not loaded and its decode is not planned (H3 still samples its audio rows)")
     parser.add_argument("--attention", default="flash", choices=("flash", "efficient", "sage", "math"),
                         help="attention kernel (default flash / memory-efficient SDPA)")
     parser.add_argument("--margin", type=float, default=0.10, help="safety margin as a fraction (default 0.10)")

@@ -71,7 +71,7 @@ class PlanRequest:
     refs: int = 0
     keyframes: int = 0
     text_tokens: int = DEFAULT_TEXT_TOKENS
-    audio: bool = True
+    audio: bool = True                  # decode audio (the audio VAE is loaded); audio rows are always sampled
     attention: str = "flash"
     head_chunks: int = 1
     ffn_chunks: int = 1
@@ -287,8 +287,10 @@ def _sampling_working_set(config_key: str, rows: PackedRows, dtype: str, attenti
 def estimate(request: PlanRequest) -> PlanEstimate:
     """Per-phase bytes for `request` (validated first; see the module docstring)."""
     request.validate()
+    # H3 samples its audio rows whether or not the audio is decoded (ComfyUI's empty AV latent always
+    # carries them), so `request.audio` only decides the audio VAE and its output.
     geo = packed_geometry(request.width, request.height, request.frames, text_tokens=request.text_tokens,
-                          refs=request.refs, keyframes=request.keyframes, audio=request.audio)
+                          refs=request.refs, keyframes=request.keyframes)
     dit_key = _config_key(request.dit_config)
     dit_bytes = _weight_bytes("dit", dit_key, request.weights, DIT_HIGH_PRECISION_BYTES)
     block_bytes = _weight_bytes("dit", dit_key, request.weights, block=True)
@@ -319,7 +321,7 @@ def estimate(request: PlanRequest) -> PlanEstimate:
     sampling_ws += 3 * latents                          # latents, velocity, scheduler step
 
     video_out = output_host_bytes(request.sink, request.frames, request.width, request.height)
-    audio_out = audio_samples_bytes(geo.audio_latents)
+    audio_out = audio_samples_bytes(geo.audio_latents) if request.audio else 0
     te_on_cpu = request.text_encoder_device == "cpu"
     phases = (
         Phase("text_encoding", 0 if te_on_cpu else te_bytes, 0 if te_on_cpu else te_act,
