@@ -7,12 +7,8 @@ Two signals are reduced to "how much changes here", as functions of time in seco
   log-spaced bands). Both sizes matter: a noisy or voiced sound's bin magnitudes wobble from hop to
   hop in proportion to its loudness (noise; a voice's pitch period against a short window), and
   counted as change that wobble drags a fading sound's flux late and can hide a syllable's edges;
-  a longer window spreads an onset over more time. On the synthetic sweep (bench/avsync_accuracy.py,
-  flash clips) a 16 ms window with 24 bands read about 10 ms late; 24 ms with 4 bands within 1 ms
-  on average, and the 16 ms window misread a low-pitched voice clip by 25 ms that 24 ms reads within 1 ms. The change is counted in
-  both directions, because the picture's frame difference cannot tell an appearing from a vanishing
-  thing either; linear magnitudes (not log) keep a fade's flux proportional to its slope, as a frame
-  difference is.
+  a longer window spreads an onset over more time. 24 ms and 4 bands were chosen on the synthetic
+  sweep (bench/avsync_accuracy.py, docs/AV.md).
 * the picture: frame-difference energy, the mean absolute difference of consecutive frames (gray,
   0..255, downscaled by the reader). The difference between frames k-1 and k is placed at the
   midpoint of their timestamps: a change seen first on frame k happened, on average, half a frame
