@@ -151,3 +151,17 @@ def test_bad_input_is_refused():
         CapacityCheck(ledger_cost_model(), "cuda", budget_bytes=0)
     with pytest.raises(InvalidInputError, match="heads"):
         CapacityCheck(lambda plan, rows, dtype: 0, "cuda")
+
+
+def test_a_per_process_memory_fraction_caps_what_the_check_may_use():
+    """Under `torch.cuda.set_per_process_memory_fraction` the caching allocator holds at most fraction x total,
+    whatever the device reports free: the check's have is that cap less the live tensors (a stand-in cap reader
+    mirrors `cuda_process_cap`, which needs a CUDA device)."""
+    from h3director.dit.capacity import cuda_process_cap
+
+    reader = fake_reader(60 * GiB, allocated=4 * GiB, total=80 * GiB)
+    uncapped = CapacityCheck(ledger_cost_model(), "cuda:0", reader=reader)
+    capped = CapacityCheck(ledger_cost_model(), "cuda:0", reader=reader, process_cap_reader=lambda device: 0.125)
+    assert uncapped.have_bytes() == 60 * GiB
+    assert capped.have_bytes() == 10 * GiB - 4 * GiB
+    assert cuda_process_cap("cpu") is None

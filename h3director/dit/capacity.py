@@ -88,6 +88,22 @@ def device_have_bytes(sample) -> int:
     return free
 
 
+def cuda_process_cap(device: Any) -> float | None:
+    """The fraction of a CUDA device's memory this process may hold
+    (`torch.cuda.set_per_process_memory_fraction`), or None when there is no cap (1.0, or not CUDA). Only the
+    caching allocator enforces it; under cudaMallocAsync it is not read."""
+    if _kind(device) != "cuda":
+        return None
+    import torch
+
+    from h3director.core.devices import cuda_allocator_backend
+
+    if cuda_allocator_backend() != "native":
+        return None
+    fraction = float(torch.cuda.get_per_process_memory_fraction(torch.device(device)))
+    return fraction if fraction < 1.0 else None
+
+
 def memory_kind(device: Any) -> str:
     """"CPU" for the CPU, "GPU" for an accelerator (as the Memory Guard's messages say)."""
     return "CPU" if _kind(device) == "cpu" else "GPU"
@@ -103,7 +119,8 @@ class CapacityCheck:
 
     def __init__(self, cost_model: CostModel, device: Any, budget_bytes: int | None = None,
                  margin: float = DEFAULT_MARGIN, *, resident_bytes: int = 0, reclaimable_bytes: int = 0,
-                 heads: int | None = None, reader: DeviceReader | None = None) -> None:
+                 heads: int | None = None, reader: DeviceReader | None = None,
+                 process_cap_reader: Callable[[Any], float | None] | None = None) -> None:
         if not callable(cost_model):
             raise InvalidInputError(f"cost_model must be callable as cost(plan, rows, dtype), got {cost_model!r}")
         if budget_bytes is not None and budget_bytes <= 0:
@@ -125,6 +142,7 @@ class CapacityCheck:
         self.reclaimable_bytes = int(reclaimable_bytes)
         self.heads = heads
         self.reader = reader or _read_device
+        self.process_cap_reader = process_cap_reader or cuda_process_cap
         self.calibration = 1.0
         self.last_decision: CapacityDecision | None = None
         self._dtype: Any = None
@@ -139,6 +157,10 @@ class CapacityCheck:
         """Bytes the device can give now (see the module docstring), reclaimable weights included."""
         sample = self.reader(self.device)
         have = device_have_bytes(sample)
+        cap = self.process_cap_reader(self.device)
+        if cap is not None and sample.total_bytes:
+            # the caching allocator refuses to hold more than fraction x total: what it may still hand out
+            have = min(have, int(cap * sample.total_bytes) - int(sample.allocated_bytes or 0))
         if self.budget_bytes is not None:
             in_use = int(sample.allocated_bytes or 0)       # live tensors; the process RSS on the CPU
             have = min(self.budget_bytes - in_use, have)
