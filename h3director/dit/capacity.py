@@ -12,7 +12,8 @@
   `cudaMallocAsync`, where `memory_reserved` is not maintained, free memory plus only the reserved
   counter's slack when it is real (the live tensors, `memory_allocated`, are what is in use, never the
   estimate); the CPU: available system RAM; MPS: the recommended working set minus what the driver
-  holds. Plus `reclaimable_bytes` the caller passes (weights ComfyUI's Dynamic VRAM would evict for
+  holds; under the caching allocator with `torch.cuda.set_per_process_memory_fraction`, at most
+  fraction x total less the live tensors. Plus `reclaimable_bytes` the caller passes (weights ComfyUI's Dynamic VRAM would evict for
   activations). With `budget_bytes`, have = min(budget - in use now, the device's have) + reclaimable,
   where "in use" is live tensors on an accelerator and the process RSS on the CPU.
 - `choose(rows, dtype, floor, mode, verified)` walks `escalation_ladder(heads, rows)` from `floor`
