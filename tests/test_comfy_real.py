@@ -157,7 +157,7 @@ def test_pack_nodes_are_listed(comfy):
                            "H3DirectorMemoryGuard", "H3DirectorSharedWrite", "H3DirectorSharedRead",
                            "H3DirectorFrameOffset", "H3DirectorPlan", "H3DirectorDiTMemory",
                            "H3DirectorAVSyncMeasure",
-                           "H3DirectorGGUFDiTLoader", "H3DirectorCachedTextEncode"])
+                           "H3DirectorGGUFDiTLoader", "H3DirectorStitch", "H3DirectorCachedTextEncode"])
     assert all(info[k]["category"].startswith("H3 Director/") for k in ours)
     extensions = json.loads(_get(f"{comfy['url']}/extensions")[1])
     assert any(e.endswith("h3director.js") for e in extensions)
@@ -242,7 +242,7 @@ def test_wrong_latent_is_a_node_error(comfy):
 
 
 @pytest.mark.parametrize("name", ["h3_t2v_streaming_api.json", "h3_i2v_streaming_api.json",
-                                  "h3_decode_latent_streaming_api.json"])
+                                  "h3_decode_latent_streaming_api.json", "h3_long_chain_api.json"])
 def test_example_workflows_match_the_real_node_definitions(comfy, name):
     info = json.loads(_get(f"{comfy['url']}/object_info")[1])
     workflow = json.loads((REPO / "examples" / name).read_text())

@@ -15,11 +15,12 @@ from h3director.comfy.nodes_guard import MemoryGuardNode
 from h3director.comfy.nodes_monitor import MonitorStart, MonitorStop
 from h3director.comfy.nodes_plan import PlanNode
 from h3director.comfy.nodes_shared import SharedRead, SharedWrite
+from h3director.comfy.nodes_stitch import Stitch
 from h3director.comfy.nodes_textcache import CachedTextEncode
 
 NODES: list[type[io.ComfyNode]] = [
     DecodeAVStreaming, MonitorStart, MonitorStop, MemoryGuardNode, SharedWrite, SharedRead, FrameOffset, PlanNode,
-    DiTMemoryNode, GGUFDiTLoader, CachedTextEncode,
+    DiTMemoryNode, GGUFDiTLoader, CachedTextEncode, Stitch,
     AVSyncMeasure,
 ]
 
