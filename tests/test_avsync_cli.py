@@ -69,6 +69,37 @@ def test_fix_moves_the_audio_by_samples_and_copies_the_video(capsys, late_clip, 
     assert [p.name for p in tmp_path.iterdir()] == ["fixed.mp4"]
 
 
+def test_fix_copies_matroska_b_frame_video_into_mp4_and_keeps_stereo(capsys, tmp_path):
+    """Matroska stores no decoding timestamps for the first B-frame packets: they are filled in, and the
+    payloads still arrive byte-identical; 25 fps, 48 kHz stereo."""
+    from fractions import Fraction
+
+    frames, mono = synthetic_tracks("flash", 60.0, seconds=5.0, fps=25.0, sample_rate=48000, size=SIZE, seed=3)
+    source = tmp_path / "stereo.mkv"
+    with av.open(str(source), "w", format="matroska") as container:
+        video = container.add_stream("libx264", rate=Fraction(25), options={"preset": "veryfast"})
+        video.width, video.height, video.pix_fmt = SIZE[0], SIZE[1], "yuv420p"
+        audio = container.add_stream("aac", rate=48000, layout="stereo")
+        sound = av.AudioFrame.from_ndarray(np.stack([mono, 0.5 * mono]), format="fltp", layout="stereo")
+        sound.sample_rate, sound.pts = 48000, 0
+        container.mux(audio.encode(sound))
+        container.mux(audio.encode(None))
+        for index, pixels in enumerate(frames):
+            picture = av.VideoFrame.from_ndarray(pixels, format="rgb24")
+            picture.pts = index
+            container.mux(video.encode(picture))
+        container.mux(video.encode(None))
+    with av.open(str(source)) as container:
+        assert any(p.dts is None and p.size for p in container.demux(container.streams.video[0]))
+    out = tmp_path / "fixed.mp4"
+    assert main(["avsync", "fix", str(source), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert [p[0] for p in _packets(out, "video")] == [p[0] for p in _packets(source, "video")]
+    with av.open(str(out)) as container:
+        assert container.streams.audio[0].codec_context.channels == 2
+    assert abs(_measure(capsys, out)["offset_ms"]) <= 10.0
+
+
 def test_fix_by_frames_moves_the_picture_and_copies_the_audio(capsys, late_clip, tmp_path):
     out = tmp_path / "fixed.mp4"
     assert main(["avsync", "fix", str(late_clip), "--offset", "125", "--by-frames", "--out", str(out), "--json"]) == 0
@@ -146,6 +177,27 @@ def test_bad_inputs_are_refused_before_any_output(capsys, late_clip, tmp_path):
     _refused(capsys, ["avsync", "fix", str(late_clip), "--offset", "soon", "--out", str(out)], out, "--offset")
     _refused(capsys, ["avsync", "fix", str(late_clip), "--offset", "10", "--out", str(tmp_path / "o.avi")],
              tmp_path / "o.avi", "must end in")
+
+
+def test_a_truncated_file_with_its_index_in_front_is_refused(capsys, late_clip, tmp_path):
+    """moov before mdat (faststart): the file opens, but the index declares frames that are not there."""
+    whole = tmp_path / "faststart.mp4"
+    with av.open(str(late_clip)) as source, av.open(str(whole), "w", format="mp4",
+                                                   options={"movflags": "faststart"}) as copy:
+        streams = {s.index: copy.add_stream_from_template(s) for s in source.streams}
+        for packet in source.demux():
+            if packet.dts is not None:
+                packet.stream = streams[packet.stream.index]
+                copy.mux(packet)
+    data = whole.read_bytes()
+    assert data.find(b"moov") < data.find(b"mdat")
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    out = tmp_path / "out.mp4"
+    assert main(["avsync", "measure", str(whole)]) == 0
+    capsys.readouterr()
+    _refused(capsys, ["avsync", "measure", str(cut)], out, "truncated")
+    _refused(capsys, ["avsync", "fix", str(cut), "--offset", "20", "--out", str(out)], out, "truncated")
 
 
 def test_a_failed_fix_leaves_an_existing_output_untouched(capsys, late_clip, tmp_path):

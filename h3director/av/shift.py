@@ -115,9 +115,7 @@ def shift_audio_file(source: str | os.PathLike, out: str | os.PathLike, offset_m
                     if limit_s is not None and written > limit_s:
                         return
 
-            for packet in video_in.demux(video_stream):
-                if packet.dts is None:
-                    continue
+            for packet in with_dts(video_in.demux(video_stream), info.fps):
                 time_s = float(packet.dts * packet.time_base)
                 if written <= time_s + AUDIO_LEAD_S:
                     write_sound_until(time_s + AUDIO_LEAD_S)
@@ -133,6 +131,33 @@ def shift_audio_file(source: str | os.PathLike, out: str | os.PathLike, offset_m
         raise
     commit(temporary, final)
     return ShiftReport(final, offset_ms, "audio", samples=shift, sample_rate=info.sample_rate, fps=info.fps)
+
+
+def with_dts(packets, fps: float):
+    """The non-empty `packets` of one stream, in order, each with a decoding timestamp. Some containers
+    (Matroska) store none for the first packets of a stream with B-frames; those get the first known
+    one minus one frame per packet still to come, later gaps the previous one plus a frame, as FFmpeg
+    does when it remuxes. Payloads and presentation timestamps are untouched."""
+    waiting = []
+    previous = None
+    for packet in packets:
+        if packet.size == 0:
+            continue
+        step = packet.duration or max(1, int(round(1 / (fps * packet.time_base))))
+        if packet.dts is None and previous is None:
+            waiting.append(packet)
+            continue
+        if packet.dts is None:
+            packet.dts = previous + step
+        for back, early in enumerate(waiting):
+            early.dts = packet.dts - (len(waiting) - back) * step
+            yield early
+        waiting = []
+        previous = packet.dts
+        yield packet
+    for early in waiting:  # no packet had one: decoding order is presentation order (no B-frames)
+        early.dts = early.pts
+        yield early
 
 
 def _shifted_sound(container, shift: int, channels: int):
@@ -203,7 +228,9 @@ def shift_video_file(source: str | os.PathLike, out: str | os.PathLike, offset_m
             seen, last = 0, None
             for packet in source_in.demux(video_in, audio_in):
                 if packet.stream.index == audio_in.index:
-                    if packet.dts is not None:
+                    if packet.size:
+                        if packet.dts is None:
+                            packet.dts = packet.pts
                         packet.stream = audio_out
                         output.mux(packet)
                     continue
