@@ -29,7 +29,8 @@ from h3director.av.timeline import check_chain, sample_at
 from h3director.errors import InvalidInputError
 
 
-def _check_video(videos: Sequence[torch.Tensor], overlap: int) -> tuple[int, ...]:
+def check_latent_chain(videos: Sequence[torch.Tensor], overlap: int) -> tuple[int, ...]:
+    """Refuse video latents that cannot be joined (shapes, grid, overlap); return each segment's frame count."""
     if len(videos) < 2:
         raise InvalidInputError(f"stitching needs at least two segments, got {len(videos)}")
     if not geometry.is_on_grid(overlap):
@@ -53,7 +54,7 @@ def _check_video(videos: Sequence[torch.Tensor], overlap: int) -> tuple[int, ...
 def join_latents(videos: Sequence[torch.Tensor], audios: Sequence[torch.Tensor] | None = None, overlap: int = 22,
                  fps: float = geometry.VIDEO_FPS) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The joined video latents and (when `audios` is given) audio latents; see the module docstring."""
-    frames = _check_video(videos, overlap)
+    frames = check_latent_chain(videos, overlap)
     drop = geometry.latent_frames_for(overlap)
     video = torch.cat([videos[0], *(z[:, :, drop:] for z in videos[1:])], dim=2)
     if audios is None:

@@ -37,11 +37,12 @@ def add_arguments(parser) -> None:
 
 
 def _run_latents(args) -> int:
-    from h3director.av.stitch_latents import decode_stitched
+    from h3director.av.stitch_latents import check_latent_chain, decode_stitched
+    from h3director.core.atomic_file import check_output_path
     from h3director.errors import InvalidInputError
     from h3director.integrations.load_vae import audio_adapter_for, load_vae, video_adapter_for
     from h3director.video.latent_file import read_latent_file
-    from h3director.video.sinks_video import VideoFileSink
+    from h3director.video.sinks_video import CONTAINER_FORMATS, VideoFileSink
 
     if args.blend == "crossfade":
         raise InvalidInputError("latent mode joins by a cut in latent space; --blend crossfade does not apply")
@@ -50,6 +51,8 @@ def _run_latents(args) -> int:
     if args.audio_vae and any(a is None for a in audios):
         missing = [str(f.path) for f in files if f.audio is None]
         raise InvalidInputError(f"--audio-vae given but {', '.join(missing)} hold(s) no 'audio_latents'")
+    check_latent_chain([f.video for f in files], args.overlap)       # before any weights are loaded
+    check_output_path(args.out, tuple(CONTAINER_FORMATS), "--out")
     video_adapter = video_adapter_for(load_vae(args.vae, "video", args.dtype, args.device))
     audio_adapter = audio_adapter_for(load_vae(args.audio_vae, "audio", args.dtype, args.device)) \
         if args.audio_vae else None
