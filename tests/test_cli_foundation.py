@@ -65,7 +65,8 @@ def test_doctor_reports_this_machines_values(tmp_path):
     assert cpu["total_bytes"] == psutil.virtual_memory().total and 0 < cpu["free_bytes"] <= cpu["total_bytes"]
     # no config in the working folder and no $H3_CONFIG: the packaged file, at its default level
     assert data["config_path"] == str(Path(h3director.__file__).parent / "h3_config.yaml")
-    assert data["config_level"] == 2 and data["features"][:3] == ["pool", "generation_gc", "streaming_decode"]
+    assert data["config_level"] == 2 and data["features"][:2] == ["generation_gc", "streaming_decode"]
+    assert "pool" not in data["features"]                     # the pool is opt-in (pre_allocated_pool_mb 0)
     assert data["nvml"] == ("present" if devices.nvml_available() else "installed, but no NVIDIA driver answers")
     table = h3("doctor", cwd=tmp_path).stdout
     assert f"device cpu               {cpu['name']}: {format_size(cpu['total_bytes'])} total" in table

@@ -136,7 +136,8 @@ def test_every_problem_is_reported_not_just_the_first():
     (3, {"pool", "generation_gc", "streaming_decode", "shared_memory", "cross_node_shared_memory"}),
 ])
 def test_levels_expand_to_switches(level, expected):
-    config = validate_config({"memory_optimization_level": level, "memory_safety": {"enabled": False}})
+    config = validate_config({"memory_optimization_level": level, "memory_safety": {"enabled": False},
+                              "pre_allocated_pool_mb": 1024})       # the pool is opt-in (default 0)
     assert set(config.features().enabled()) == expected
 
 
@@ -148,7 +149,10 @@ def test_explicit_switches_veto_and_independent_switches():
     assert not features.pool and not features.shared_memory and not features.cross_node_shared_memory
     assert not features.debug_shared_memory
     assert features.monitor and features.guard and features.streaming_decode
-    assert any("pre_allocated_pool_mb is 0" in note for note in config.notes())
+    assert config.notes() == []
+    assert validate_config({}).pre_allocated_pool_mb == 0 and not validate_config({}).features().pool
+    assert any("no effect at memory_optimization_level 0" in note
+               for note in validate_config({"memory_optimization_level": 0, "pre_allocated_pool_mb": 1024}).notes())
     level0 = validate_config({"memory_optimization_level": 0, "debug_shared_memory": True})
     assert level0.features().enabled() == ["guard"]
     assert any("debug_shared_memory" in note for note in level0.notes())

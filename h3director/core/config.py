@@ -195,7 +195,7 @@ class H3Config(_Section):
     """
 
     memory_optimization_level: int = Field(default=2, ge=0, le=3)
-    pre_allocated_pool_mb: int = Field(default=2048, ge=0)
+    pre_allocated_pool_mb: int = Field(default=0, ge=0)
     pool_slot_mb: int = Field(default=64, ge=1, le=4096)
     generation_gc_interval_ms: int = Field(default=120, ge=1, le=600_000)
     shared_memory_enabled: bool = True
@@ -270,8 +270,8 @@ class H3Config(_Section):
         """Settings that are valid but have no effect with the current level (shown by `config check`)."""
         notes = []
         level = self.memory_optimization_level
-        if level >= 1 and self.pre_allocated_pool_mb == 0:
-            notes.append(f"memory_optimization_level {level} includes the pool, but pre_allocated_pool_mb is 0: no pool")
+        if level == 0 and self.pre_allocated_pool_mb > 0:
+            notes.append("pre_allocated_pool_mb has no effect at memory_optimization_level 0 (the pool is level 1+)")
         if level < 3 and self.debug_shared_memory:
             notes.append("debug_shared_memory has no effect below memory_optimization_level 3")
         return notes
