@@ -130,9 +130,11 @@ def comfy_inputs(model_module, rows: int, dtype: torch.dtype):
     return x, t_emb, segments, rope
 
 
-def measure_comfy_block(rows: int, dtype: torch.dtype, plan: dict | None = None, seed: int = 0) -> int:
+def measure_comfy_block(rows: int, dtype: torch.dtype, plan: dict | None = None, seed: int = 0,
+                        inference: bool = False) -> int:
     """Peak bytes (input included) of ComfyUI's `DiTBlock` with PyTorch attention: stock (`plan` None), or
-    through `h3director.integrations.comfy_dit.run_block` at `DiTMemoryPlan(**plan)`."""
+    through `h3director.integrations.comfy_dit.run_block` at `DiTMemoryPlan(**plan)`; under
+    `torch.inference_mode()` (as ComfyUI's executor samples) when `inference`, else `torch.no_grad()`."""
     model_module, block = _comfy_block(dtype, seed)
     import comfy.ldm.modules.attention as attention
 
@@ -151,7 +153,8 @@ def measure_comfy_block(rows: int, dtype: torch.dtype, plan: dict | None = None,
         def forward():
             return run_block(block, tier, x, t_emb, segments, rope, {})
     try:
-        with torch.no_grad(), LiveBytesTracker() as tracker:
+        grad_mode = torch.inference_mode() if inference else torch.no_grad()
+        with grad_mode, LiveBytesTracker() as tracker:
             out = forward()
             del out
     finally:
@@ -162,8 +165,8 @@ def measure_comfy_block(rows: int, dtype: torch.dtype, plan: dict | None = None,
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def measure_comfy_blocks(cases: list[tuple[int, str, dict | None]]) -> list[int]:
-    """`measure_comfy_block` for each `(rows, "fp32" | "bf16", plan)` case, in one fresh Python."""
+def measure_comfy_blocks(cases: list[tuple]) -> list[int]:
+    """`measure_comfy_block` for each `(rows, "fp32" | "bf16", plan[, inference])` case, in one fresh Python."""
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "tests")]))
     run = subprocess.run([sys.executable, __file__, json.dumps(cases)], capture_output=True, text=True, env=env,
@@ -176,4 +179,5 @@ def measure_comfy_blocks(cases: list[tuple[int, str, dict | None]]) -> list[int]
 if __name__ == "__main__":
     warnings.simplefilter("ignore")
     cases = json.loads(sys.argv[1])
-    print(json.dumps([measure_comfy_block(rows, _DTYPES[dtype], plan) for rows, dtype, plan in cases]))
+    print(json.dumps([measure_comfy_block(rows, _DTYPES[dtype], plan, inference=bool(rest and rest[0]))
+                      for rows, dtype, plan, *rest in cases]))

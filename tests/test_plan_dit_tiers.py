@@ -63,9 +63,11 @@ needs_comfy = pytest.mark.skipif(comfy_root() is None, reason="no ComfyUI source
 
 @pytest.fixture(scope="module")
 def comfy_measured():
-    """Every (tier, dtype) case of ComfyUI's block, measured in one fresh Python."""
-    keys = [(tier, dtype) for tier in TIERS for dtype in ("fp32", "bf16")]
-    peaks = measure_comfy_blocks([(ROWS, dtype, TIERS[tier]) for tier, dtype in keys])
+    """Every (tier, dtype, grad mode) case of ComfyUI's block, measured in one fresh Python: under no_grad,
+    and under inference mode (how ComfyUI samples; PyTorch's CPU rms_norm is then one fused kernel)."""
+    keys = [(tier, dtype, False) for tier in TIERS for dtype in ("fp32", "bf16")]
+    keys += [(tier, "bf16", True) for tier in TIERS]
+    peaks = measure_comfy_blocks([(ROWS, dtype, TIERS[tier], inference) for tier, dtype, inference in keys])
     return dict(zip(keys, peaks, strict=True))
 
 
@@ -73,10 +75,23 @@ def comfy_measured():
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("tier", list(TIERS), ids=list(TIERS))
 def test_comfy_block_ledger_matches_measured_peak(tier, dtype, comfy_measured):
-    measured = comfy_measured[(tier, dtype)]
+    measured = comfy_measured[(tier, dtype, False)]
     predicted = _predict(dit_shape_comfy(), "comfy", {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype], TIERS[tier])
     error = predicted / measured - 1
     assert abs(error) <= TARGET, f"comfy {tier}: predicted {predicted:,} B, measured {measured:,} B ({error:+.1%})"
+
+
+@needs_comfy
+@pytest.mark.parametrize("tier", list(TIERS), ids=list(TIERS))
+def test_comfy_block_in_inference_mode_matches_the_fused_norm_ledger(tier, comfy_measured):
+    """ComfyUI samples under inference mode, where the CPU's rms_norm allocates only its output: the ledger with
+    fused norms (what the capacity check prices for ComfyUI) is the one that holds there."""
+    measured = comfy_measured[(tier, "bf16", True)]
+    plan = DiTMemoryPlan(lifetime=False) if TIERS[tier] is None else DiTMemoryPlan(**TIERS[tier])
+    predicted = dit_block_peak_bytes(dit_shape_comfy(), ROWS, "bf16", framework="comfy", plan=plan, fused_norms=True)
+    error = predicted / measured - 1
+    assert abs(error) <= TARGET, f"comfy {tier} (inference): predicted {predicted:,} B, measured {measured:,} B ({error:+.1%})"
+
 
 
 def test_tiers_save_what_the_real_width_promises():

@@ -59,9 +59,10 @@ class CapacityDecision:
 def ledger_cost_model(shape: DiTShape | None = None, framework: str = "diffusers", attention: str = "flash",
                       device: Any = None) -> DiTCostModel:
     """A cost model from the planner's ledgers for `framework` ("diffusers" or "comfy"); `shape` default:
-    the released H3 DiT. Norms are priced fused (one output each) unless `device` is the CPU, where
-    PyTorch's RMSNorm is composite."""
-    fused = device is None or _kind(device) != "cpu"
+    the released H3 DiT. Norms are priced fused (one output each) except for diffusers on the CPU: there
+    PyTorch's `rms_norm` is composite (float32 temporaries) under `torch.no_grad()`, which diffusers
+    pipelines use, and fused under `torch.inference_mode()`, which ComfyUI's executor uses."""
+    fused = device is None or _kind(device) != "cpu" or framework == "comfy"
     return DiTCostModel(shape or DiTShape(), framework, attention, fused_norms=fused)
 
 

@@ -1,0 +1,260 @@
+"""Activation peak and time of one H3 DiT block at the real width: stock vs each memory tier.
+
+    .venv/bin/python bench/dit_memory.py [--rows 8192 16384] [--framework diffusers comfy]
+        [--tiers stock lifetime ffn8 h4f8 h8f16] [--threads 2] [--repeats 1] [--json out.json]
+    .venv/bin/python bench/dit_memory.py --table-from out.json    # reprint, ledger recomputed
+
+One block of H3's DiT at its released width (hidden 5376, 56 heads x 128, SwiGLU FFN 14336, AdaLN
+over time_embed_dim 2688), random init, bfloat16, on the CPU, over a packed sequence of `--rows` rows
+with two distinct timesteps (video-like rows at one, the last eighth at the other):
+
+- `diffusers`: `MiniMaxH3TransformerBlock` inside a one-block `MiniMaxH3Transformer3DModel`; tiers
+  through `h3director.integrations.diffusers_dit.apply_memory_plan` (fixed mode), the block called
+  directly with the inputs the transformer's forward would give it;
+- `comfy`: ComfyUI's `DiTBlock` (`comfy/ldm/minimax/model.py`, from `$COMFYUI_DIR` or the vendored tree
+  in `.comfy/ComfyUI`), attention through ComfyUI's PyTorch SDPA backend; tiers through
+  `h3director.integrations.comfy_dit.run_block`.
+
+Each framework runs under the grad mode it samples in: ComfyUI under `torch.inference_mode()` (its
+executor's), diffusers under `torch.no_grad()` (its pipelines'). On the CPU this matters: PyTorch's
+`rms_norm` is one fused kernel (output only) under inference mode and composite (float32 temporaries)
+under no_grad. "peak" is `LiveBytesTracker`'s exact peak of tensor storage created inside the block
+call (the block's input and weights excluded): what a caching allocator would hand out. "ledger" is the
+planner's prediction for the same tier (`h3director.plan.activations.dit_block_peak_bytes`, norms
+priced as they run, flash-style attention; its input residual subtracted to match). "wall" is the fastest
+of `--repeats` calls; ratios to stock are from the same run, back to back. Every tier's output is compared with the
+stock output (`torch.equal`); a mismatch is printed and fails the run. Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from h3director.dit.tiers import STOCK, DiTMemoryPlan  # noqa: E402
+from h3director.plan.activations import DiTShape, dit_block_peak_bytes  # noqa: E402
+from h3director.plan.live_bytes import LiveBytesTracker  # noqa: E402
+
+TIERS = {
+    "stock": STOCK,
+    "lifetime": DiTMemoryPlan(),
+    "ffn8": DiTMemoryPlan(ffn_chunks=8),
+    "h4f8": DiTMemoryPlan(head_chunks=4, ffn_chunks=8),
+    "h8f16": DiTMemoryPlan(head_chunks=8, ffn_chunks=16),
+    "h8f16q2": DiTMemoryPlan(head_chunks=8, ffn_chunks=16, query_chunks=2),
+}
+SHAPE = DiTShape()            # the released widths
+TIME_EMBED = 2688
+DTYPE = torch.bfloat16
+
+
+def _inputs(rows: int, seed: int = 0):
+    """Block inputs: residual stream, the two timesteps' embedding and per-row table indices."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, SHAPE.hidden, generator=g).to(DTYPE)
+    temb = torch.randn(2, TIME_EMBED, generator=g)
+    split = rows - rows // 8           # the last eighth sits at the second timestep
+    return x, temb, split
+
+
+class DiffusersRunner:
+    name = "diffusers"
+    grad_mode = staticmethod(torch.no_grad)           # diffusers pipelines call the transformer under no_grad
+
+    def __init__(self):
+        from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3Transformer3DModel
+
+        torch.manual_seed(0)
+        self.model = MiniMaxH3Transformer3DModel(num_layers=1, num_refiner_layers=0).to(DTYPE).eval()
+        self.model.requires_grad_(False)
+        self.block = self.model.transformer_blocks[0]
+        self.handle = None
+
+    def prepare(self, rows: int):
+        x, temb, split = _inputs(rows)
+        tags = torch.zeros(rows, dtype=torch.long)
+        steps = torch.zeros(rows, dtype=torch.long)
+        steps[split:] = 1
+        adaln_indices = steps * 3 + tags
+        position_ids = torch.stack([torch.arange(rows) // 64, (torch.arange(rows) // 8) % 8,
+                                    torch.arange(rows) % 8], dim=-1).float()
+        rotary = self.model.rope(position_ids)
+        self.args = (x.unsqueeze(0), temb, adaln_indices, rotary)
+
+    def set_tier(self, plan: DiTMemoryPlan):
+        from h3director.integrations.diffusers_dit import apply_memory_plan
+
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+        if not plan.is_stock:
+            self.handle = apply_memory_plan(self.model, head_chunks=plan.head_chunks, ffn_chunks=plan.ffn_chunks,
+                                            query_chunks=plan.query_chunks)
+
+    def fresh_input(self):
+        pass                              # the block is out of place
+
+    def run(self):
+        x, temb, idx, rotary = self.args
+        return self.block(x, temb, idx, rotary)
+
+
+class ComfyRunner:
+    name = "comfy"
+    grad_mode = staticmethod(torch.inference_mode)    # ComfyUI's executor runs nodes in inference mode
+
+    def __init__(self):
+        comfy_dir = os.environ.get("COMFYUI_DIR") or str(REPO / ".comfy" / "ComfyUI")
+        if not Path(comfy_dir, "comfy").is_dir():
+            raise SystemExit(f"ComfyUI not found at {comfy_dir}: run scripts/setup.sh or set COMFYUI_DIR")
+        sys.path.insert(0, comfy_dir)
+        argv, sys.argv = sys.argv, [sys.argv[0], "--cpu", "--use-pytorch-cross-attention"]
+        try:
+            import comfy.options
+
+            comfy.options.enable_args_parsing()
+            import comfy.ldm.minimax.model as h3
+            import comfy.ldm.modules.attention as attention
+            import comfy.ops
+        finally:
+            sys.argv = argv
+        self.h3 = h3
+        h3.optimized_attention = attention.attention_pytorch
+        torch.manual_seed(0)
+        ops = comfy.ops.disable_weight_init
+        self.block = h3.DiTBlock(SHAPE.hidden, SHAPE.heads, SHAPE.head_dim, SHAPE.ffn, TIME_EMBED, 1e-5, 1e-5,
+                                 dtype=DTYPE, operations=ops)
+        for p in self.block.parameters():
+            torch.nn.init.normal_(p, std=0.02)
+        self.block.eval().requires_grad_(False)       # as ComfyUI loads models
+        self.plan = STOCK
+
+    def prepare(self, rows: int):
+        x, temb, split = _inputs(rows)
+        self.x = x
+        self.t_emb = temb.to(DTYPE)
+        self.segments = [(0, split, 0), (split, rows, 3)]
+        position_ids = torch.stack([torch.arange(rows) // 64, (torch.arange(rows) // 8) % 8,
+                                    torch.arange(rows) % 8], dim=-1).double()
+        inv = 1.0 / (10000.0 ** (torch.arange(0, 32, 2, dtype=torch.float32) / 32))
+        per_axis = position_ids.float().unsqueeze(-1) * inv.view(1, 1, -1)
+        half = torch.cat(per_axis.unbind(dim=1), dim=-1)
+        self.rope = self.h3.rope_rotation_table(torch.cat((half, half), dim=-1), DTYPE)
+
+    def set_tier(self, plan: DiTMemoryPlan):
+        self.plan = plan
+
+    def fresh_input(self):
+        self.x_run = self.x.clone()       # the block updates its input in place
+
+    def run(self):
+        from h3director.integrations.comfy_dit import run_block
+
+        x = self.x_run
+        if self.plan.is_stock:
+            return self.block(x, self.t_emb, self.segments, self.rope, transformer_options={})
+        return run_block(self.block, self.plan, x, self.t_emb, self.segments, self.rope, {})
+
+
+def ledger_bytes(framework: str, rows: int, plan: DiTMemoryPlan) -> int:
+    """The planner's block peak for this tier on the CPU, its input residual taken off so that it counts
+    what `LiveBytesTracker` counts."""
+    input_bytes = rows * SHAPE.hidden * DTYPE.itemsize
+    fused = framework == "comfy"                      # inference mode: fused rms_norm (see the docstring)
+    return dit_block_peak_bytes(SHAPE, rows, "bf16", framework=framework, plan=plan, fused_norms=fused) - input_bytes
+
+
+def measure(runner, rows: int, tiers: list[str], repeats: int = 1) -> list[dict]:
+    runner.prepare(rows)
+    results, reference = [], None
+    for name in tiers:
+        plan = TIERS[name]
+        runner.set_tier(plan)
+        runner.fresh_input()
+        with runner.grad_mode():
+            tracker = LiveBytesTracker()
+            start = time.perf_counter()
+            with tracker:
+                out = runner.run()
+            wall = time.perf_counter() - start
+            for _ in range(repeats - 1):          # timing only: the fastest of the calls
+                runner.fresh_input()
+                start = time.perf_counter()
+                runner.run()
+                wall = min(wall, time.perf_counter() - start)
+        out = out.detach().clone()
+        if reference is None:
+            reference = out
+        equal = bool(torch.equal(out, reference))
+        ledger = ledger_bytes(runner.name, rows, plan)
+        results.append({"framework": runner.name, "rows": rows, "tier": name, "describe": plan.describe(),
+                        "peak_bytes": tracker.peak_bytes, "ledger_bytes": ledger, "wall_s": wall, "equal": equal})
+        print(f"  {runner.name} {rows} {name}: peak {tracker.peak_bytes / 2**20:.1f} MiB, ledger "
+              f"{ledger / 2**20:.1f} MiB, {wall:.1f} s, equal={equal}", flush=True)
+        del out
+    runner.set_tier(STOCK)
+    return results
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| framework | rows | tier | peak MiB | x stock | ledger MiB | ledger error | wall s | x stock | "
+             "torch.equal |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in results:
+        stock = next(s for s in results if s["framework"] == r["framework"] and s["rows"] == r["rows"]
+                     and s["tier"] == "stock")
+        error = (r["ledger_bytes"] - r["peak_bytes"]) / r["peak_bytes"]
+        lines.append(f"| {r['framework']} | {r['rows']:,} | {r['describe']} | {r['peak_bytes'] / 2**20:,.1f} | "
+                     f"{r['peak_bytes'] / stock['peak_bytes']:.2f} | {r['ledger_bytes'] / 2**20:,.1f} | "
+                     f"{error:+.1%} | {r['wall_s']:.1f} | {r['wall_s'] / stock['wall_s']:.2f} | "
+                     f"{'yes' if r['equal'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[8192, 16384])
+    parser.add_argument("--framework", nargs="+", choices=["diffusers", "comfy"], default=["diffusers", "comfy"])
+    parser.add_argument("--tiers", nargs="+", choices=list(TIERS), default=["stock", "lifetime", "ffn8", "h4f8",
+                                                                             "h8f16"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1, help="calls per tier; wall = the fastest (peak: the first)")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--table-from", type=Path, help="reprint the table of an earlier --json run, with the "
+                        "ledger recomputed by the current planner")
+    args = parser.parse_args(argv)
+    if args.table_from:
+        results = json.loads(args.table_from.read_text())
+        for r in results:
+            r["ledger_bytes"] = ledger_bytes(r["framework"], r["rows"], TIERS[r["tier"]])
+        print(table(results))
+        return 0 if all(r["equal"] for r in results) else 1
+    if args.tiers[0] != "stock":
+        parser.error("the first tier must be stock (ratios and torch.equal are against it)")
+    torch.set_num_threads(args.threads)
+    print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, torch {torch.__version__}, "
+          f"{platform.processor() or platform.machine()}, {args.threads} threads", flush=True)
+    results = []
+    for framework in args.framework:
+        runner = DiffusersRunner() if framework == "diffusers" else ComfyRunner()
+        for rows in args.rows:
+            results += measure(runner, rows, args.tiers, args.repeats)
+        del runner
+    print(table(results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0 if all(r["equal"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
