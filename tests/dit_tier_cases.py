@@ -8,9 +8,8 @@ residual). Tiers run through the project's adapters (`h3director.integrations.di
 `h3director.integrations.comfy_dit`). Attention is PyTorch's SDPA (flash kernel for CPU) in both
 frameworks. Shared by `tests/test_plan_dit_tiers.py`.
 
-ComfyUI is imported from `COMFYUI_DIR`, /work/main/.comfy/ComfyUI or /tmp/cf/ComfyUI (the first that
-exists), with its arguments parsed as `--cpu --use-pytorch-cross-attention`, in a fresh Python
-(`measure_comfy_blocks` runs this file as a script): the pack's other tests put stand-in `comfy` modules
+ComfyUI is imported from `COMFYUI_DIR` (the vendored tree by default, see tests/conftest.py), with its
+arguments parsed as `--cpu --use-pytorch-cross-attention`, in a fresh Python (`measure_comfy_blocks` runs this file as a script): the pack's other tests put stand-in `comfy` modules
 on sys.path (tests/comfy_harness/stubs), and the real ComfyUI cannot share a process with them.
 """
 
@@ -78,10 +77,10 @@ def measure_diffusers_block(rows: int, dtype: torch.dtype, plan: dict | None = N
 
 
 def comfy_root() -> Path | None:
-    for candidate in (os.environ.get("COMFYUI_DIR"), "/work/main/.comfy/ComfyUI", "/tmp/cf/ComfyUI"):
-        if candidate and (Path(candidate) / "comfy" / "ldm" / "minimax" / "model.py").is_file():
-            return Path(candidate)
-    return None
+    """`COMFYUI_DIR` with H3 support (tests/conftest.py points it at the vendored tree when unset), or None."""
+    from comfy_harness.vendored import h3_comfyui_root
+
+    return h3_comfyui_root()
 
 
 def import_comfy():

@@ -25,19 +25,8 @@ CHECKS = [f"exact/{q}/{d}" for q in ("Q8_0", "Q4_0", "Q5_1", "Q4_K") for d in ("
     "memory/per-layer-dequant-peak", "memory/quantised-weights-view-the-map", "node/lists-loads-refuses"]
 
 
-def comfyui_root() -> Path | None:
-    root = os.environ.get("COMFYUI_DIR")
-    if root and (Path(root) / "comfy" / "ldm" / "minimax" / "model.py").is_file():
-        return Path(root)
-    return None
-
-
-def skip_reason() -> str:
-    if os.environ.get("COMFYUI_DIR"):
-        return f"COMFYUI_DIR={os.environ['COMFYUI_DIR']} has no comfy/ldm/minimax/model.py (no H3 support)"
-    from comfy_harness.vendored import why_unavailable
-
-    return why_unavailable()
+from comfy_harness.vendored import h3_comfyui_root as comfyui_root  # noqa: E402
+from comfy_harness.vendored import why_no_h3_comfyui as skip_reason  # noqa: E402
 
 
 def worker_python() -> str:

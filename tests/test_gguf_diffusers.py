@@ -128,9 +128,7 @@ def test_curve_table_rejects_wrong_shape(reference_model):
         install_adaln_curves(reference_model, torch.zeros(9, 7))
 
 
-def _comfyui_root() -> Path | None:
-    root = os.environ.get("COMFYUI_DIR")
-    return Path(root) if root and (Path(root) / "comfy" / "ldm" / "minimax" / "model.py").is_file() else None
+from comfy_harness.vendored import h3_comfyui_root as _comfyui_root  # noqa: E402
 
 
 @pytest.mark.comfyui

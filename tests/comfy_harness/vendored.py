@@ -29,3 +29,18 @@ def why_unavailable() -> str:
         return unavailable.read_text().strip()
     return ("COMFYUI_DIR is unset and .comfy/ComfyUI is not prepared: run `bash scripts/setup.sh` "
             "(needs ../shared/vendor/comfyui-783545f.tar.gz) or set COMFYUI_DIR (and COMFYUI_PYTHON)")
+
+
+def h3_comfyui_root() -> Path | None:
+    """`COMFYUI_DIR` when it holds a ComfyUI with MiniMax H3 support (`comfy/ldm/minimax/model.py`), else None."""
+    root = os.environ.get("COMFYUI_DIR")
+    if root and (Path(root) / "comfy" / "ldm" / "minimax" / "model.py").is_file():
+        return Path(root)
+    return None
+
+
+def why_no_h3_comfyui() -> str:
+    """The skip reason when `h3_comfyui_root()` is None."""
+    if os.environ.get("COMFYUI_DIR"):
+        return f"COMFYUI_DIR={os.environ['COMFYUI_DIR']} has no comfy/ldm/minimax/model.py (no H3 support)"
+    return why_unavailable()
