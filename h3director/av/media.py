@@ -16,17 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from h3director.av.envelopes import AudioFlux, Envelope, motion_energy
+from h3director.av.open_file import import_av, open_input
 from h3director.errors import InvalidInputError
 
 MOTION_WIDTH = 160  # frames are reduced to at most this many gray pixels across before differencing
-
-
-def import_av():
-    try:
-        import av
-    except ImportError as exc:  # pragma: no cover - av is a declared dependency of the "video" extra
-        raise InvalidInputError("A/V sync needs PyAV: pip install 'h3director[video]'") from exc
-    return av
 
 
 @dataclass
@@ -49,18 +42,6 @@ class MediaInfo:
     def seconds(self) -> float:
         """The shorter stream's duration: offsets beyond it are refused."""
         return min(self.video_seconds, self.audio_seconds)
-
-
-def open_input(path: str | os.PathLike):
-    """Open `path` for reading, turning every PyAV/FFmpeg failure into one clear `InvalidInputError`."""
-    av = import_av()
-    source = Path(path)
-    if not source.is_file():
-        raise InvalidInputError(f"{source}: no such file")
-    try:
-        return av.open(str(source), mode="r")
-    except (av.FFmpegError, OSError, ValueError) as exc:
-        raise InvalidInputError(f"{source}: not a readable media file ({exc})") from None
 
 
 def probe(path: str | os.PathLike, need_audio: bool = True) -> MediaInfo:

@@ -1,4 +1,4 @@
-"""Opening media files with PyAV for the stitcher, with one clear error for every way that fails."""
+"""Opening media files with PyAV (A/V sync, shifting, stitching), with one clear error for every way that fails."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def import_av():
     try:
         import av
     except ImportError as exc:  # pragma: no cover - av is a declared dependency of the "video" extra
-        raise InvalidInputError("stitching needs PyAV: pip install 'h3director[video]'") from exc
+        raise InvalidInputError("reading and writing media files needs PyAV: pip install 'h3director[video]'") from exc
     return av
 
 

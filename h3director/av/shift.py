@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from h3director.av.media import MediaInfo, frame_samples, import_av, open_input, probe
+from h3director.av.media import MediaInfo, frame_samples, probe
+from h3director.av.open_file import import_av, open_input
 from h3director.core.atomic_file import check_output_path, commit, remove_quietly, temporary_path
 from h3director.errors import InvalidInputError
 
