@@ -21,8 +21,10 @@ the clip) runs before anything is written.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -55,6 +57,25 @@ class ShiftReport:
         return {"out": str(self.path), "offset_ms": round(self.offset_ms, 3), "mode": self.mode,
                 "samples": self.samples, "frames": self.frames, "sample_rate": self.sample_rate,
                 "fps": round(self.fps, 6)}
+
+
+@contextlib.contextmanager
+def _rewriting(source: str | os.PathLike, final: Path) -> Iterator[Path]:
+    """Yield the hidden temporary name of `final` (a stale one removed first); when the block succeeds,
+    `commit` it to `final`; when it fails, remove it and re-raise, an FFmpeg error as an
+    `InvalidInputError` naming `source`."""
+    av = import_av()
+    temporary = temporary_path(final, "partial")
+    remove_quietly(temporary)
+    try:
+        yield temporary
+    except av.FFmpegError as exc:
+        remove_quietly(temporary)
+        raise InvalidInputError(f"{source}: cannot be rewritten ({exc})") from None
+    except BaseException:
+        remove_quietly(temporary)
+        raise
+    commit(temporary, final)
 
 
 def _check_offset(offset_ms: float) -> float:
@@ -95,42 +116,32 @@ def shift_audio_file(source: str | os.PathLike, out: str | os.PathLike, offset_m
         raise InvalidInputError(
             f"offset {offset_ms:g} ms moves the sound by {abs(shift)} samples, beyond the clip's {total} "
             f"({info.audio_seconds:.3f} s)")
-    temporary = temporary_path(final, "partial")
-    remove_quietly(temporary)
-    try:
-        with open_input(source) as video_in, open_input(source) as audio_in, \
-                av.open(str(temporary), mode="w", format=OUTPUT_FORMATS[final.suffix.lower()]) as output:
-            video_stream = video_in.streams.video[0]
-            video_out = output.add_stream_from_template(video_stream)
-            audio_out = output.add_stream("aac", rate=info.sample_rate, layout=AUDIO_LAYOUTS[info.channels])
-            sound = _shifted_sound(audio_in, shift, info.channels)
-            written = 0.0  # seconds of sound muxed so far
+    with _rewriting(source, final) as temporary, open_input(source) as video_in, open_input(source) as audio_in, \
+            av.open(str(temporary), mode="w", format=OUTPUT_FORMATS[final.suffix.lower()]) as output:
+        video_stream = video_in.streams.video[0]
+        video_out = output.add_stream_from_template(video_stream)
+        audio_out = output.add_stream("aac", rate=info.sample_rate, layout=AUDIO_LAYOUTS[info.channels])
+        sound = _shifted_sound(audio_in, shift, info.channels)
+        written = 0.0  # seconds of sound muxed so far
 
-            def write_sound_until(limit_s: float | None) -> None:
-                nonlocal written
-                for start, block in sound:
-                    frame = av.AudioFrame.from_ndarray(block, format="fltp", layout=AUDIO_LAYOUTS[info.channels])
-                    frame.sample_rate, frame.pts = info.sample_rate, start
-                    output.mux(audio_out.encode(frame))
-                    written = (start + block.shape[1]) / info.sample_rate
-                    if limit_s is not None and written > limit_s:
-                        return
+        def write_sound_until(limit_s: float | None) -> None:
+            nonlocal written
+            for start, block in sound:
+                frame = av.AudioFrame.from_ndarray(block, format="fltp", layout=AUDIO_LAYOUTS[info.channels])
+                frame.sample_rate, frame.pts = info.sample_rate, start
+                output.mux(audio_out.encode(frame))
+                written = (start + block.shape[1]) / info.sample_rate
+                if limit_s is not None and written > limit_s:
+                    return
 
-            for packet in with_dts(video_in.demux(video_stream), info.fps):
-                time_s = float(packet.dts * packet.time_base)
-                if written <= time_s + AUDIO_LEAD_S:
-                    write_sound_until(time_s + AUDIO_LEAD_S)
-                packet.stream = video_out
-                output.mux(packet)
-            write_sound_until(None)
-            output.mux(audio_out.encode(None))
-    except av.FFmpegError as exc:
-        remove_quietly(temporary)
-        raise InvalidInputError(f"{source}: cannot be rewritten ({exc})") from None
-    except BaseException:
-        remove_quietly(temporary)
-        raise
-    commit(temporary, final)
+        for packet in with_dts(video_in.demux(video_stream), info.fps):
+            time_s = float(packet.dts * packet.time_base)
+            if written <= time_s + AUDIO_LEAD_S:
+                write_sound_until(time_s + AUDIO_LEAD_S)
+            packet.stream = video_out
+            output.mux(packet)
+        write_sound_until(None)
+        output.mux(audio_out.encode(None))
     return ShiftReport(final, offset_ms, "audio", samples=shift, sample_rate=info.sample_rate, fps=info.fps)
 
 
@@ -205,54 +216,44 @@ def shift_video_file(source: str | os.PathLike, out: str | os.PathLike, offset_m
             f"offset {offset_ms:g} ms moves the picture by {abs(shift)} frames, beyond the clip's {info.frames}")
     if info.width % 2 or info.height % 2:
         raise InvalidInputError(f"{source}: yuv420p needs an even width and height, got {info.width}x{info.height}")
-    temporary = temporary_path(final, "partial")
-    remove_quietly(temporary)
-    try:
-        with open_input(source) as source_in, \
-                av.open(str(temporary), mode="w", format=OUTPUT_FORMATS[final.suffix.lower()]) as output:
-            video_in, audio_in = source_in.streams.video[0], source_in.streams.audio[0]
-            rate = Fraction(video_in.average_rate or Fraction(info.fps).limit_denominator(1001))
-            video_out = output.add_stream("libx264", rate=rate, options={"crf": str(int(crf)), "preset": preset})
-            video_out.width, video_out.height, video_out.pix_fmt = info.width, info.height, "yuv420p"
-            audio_out = output.add_stream_from_template(audio_in)
-            emitted = 0
+    with _rewriting(source, final) as temporary, open_input(source) as source_in, \
+            av.open(str(temporary), mode="w", format=OUTPUT_FORMATS[final.suffix.lower()]) as output:
+        video_in, audio_in = source_in.streams.video[0], source_in.streams.audio[0]
+        rate = Fraction(video_in.average_rate or Fraction(info.fps).limit_denominator(1001))
+        video_out = output.add_stream("libx264", rate=rate, options={"crf": str(int(crf)), "preset": preset})
+        video_out.width, video_out.height, video_out.pix_fmt = info.width, info.height, "yuv420p"
+        audio_out = output.add_stream_from_template(audio_in)
+        emitted = 0
 
-            def emit(planes: np.ndarray) -> None:
-                nonlocal emitted
-                if emitted >= info.frames:
-                    return
-                picture = av.VideoFrame.from_ndarray(planes, format="yuv420p")
-                picture.pts = emitted
-                output.mux(video_out.encode(picture))
-                emitted += 1
+        def emit(planes: np.ndarray) -> None:
+            nonlocal emitted
+            if emitted >= info.frames:
+                return
+            picture = av.VideoFrame.from_ndarray(planes, format="yuv420p")
+            picture.pts = emitted
+            output.mux(video_out.encode(picture))
+            emitted += 1
 
-            seen, last = 0, None
-            for packet in source_in.demux(video_in, audio_in):
-                if packet.stream.index == audio_in.index:
-                    if packet.size:
-                        if packet.dts is None:
-                            packet.dts = packet.pts
-                        packet.stream = audio_out
-                        output.mux(packet)
-                    continue
-                for frame in packet.decode():
-                    last = frame.reformat(format="yuv420p").to_ndarray()
-                    seen += 1
-                    if shift < 0 and seen <= -shift:
-                        continue  # the picture moves earlier: its first frames go
-                    repeats = shift + 1 if (shift > 0 and seen == 1) else 1
-                    for _ in range(repeats):
-                        emit(last)
-            if last is None:
-                raise InvalidInputError(f"{source}: no picture could be decoded")
-            while emitted < info.frames:  # the picture moved earlier: the last frame repeats
-                emit(last)
-            output.mux(video_out.encode(None))
-    except av.FFmpegError as exc:
-        remove_quietly(temporary)
-        raise InvalidInputError(f"{source}: cannot be rewritten ({exc})") from None
-    except BaseException:
-        remove_quietly(temporary)
-        raise
-    commit(temporary, final)
+        seen, last = 0, None
+        for packet in source_in.demux(video_in, audio_in):
+            if packet.stream.index == audio_in.index:
+                if packet.size:
+                    if packet.dts is None:
+                        packet.dts = packet.pts
+                    packet.stream = audio_out
+                    output.mux(packet)
+                continue
+            for frame in packet.decode():
+                last = frame.reformat(format="yuv420p").to_ndarray()
+                seen += 1
+                if shift < 0 and seen <= -shift:
+                    continue  # the picture moves earlier: its first frames go
+                repeats = shift + 1 if (shift > 0 and seen == 1) else 1
+                for _ in range(repeats):
+                    emit(last)
+        if last is None:
+            raise InvalidInputError(f"{source}: no picture could be decoded")
+        while emitted < info.frames:  # the picture moved earlier: the last frame repeats
+            emit(last)
+        output.mux(video_out.encode(None))
     return ShiftReport(final, offset_ms, "frames", frames=shift, sample_rate=info.sample_rate, fps=info.fps)
