@@ -72,23 +72,9 @@ def test_fix_moves_the_audio_by_samples_and_copies_the_video(capsys, late_clip, 
 def test_fix_copies_matroska_b_frame_video_into_mp4_and_keeps_stereo(capsys, tmp_path):
     """Matroska stores no decoding timestamps for the first B-frame packets: they are filled in, and the
     payloads still arrive byte-identical; 25 fps, 48 kHz stereo."""
-    from fractions import Fraction
-
     frames, mono = synthetic_tracks("flash", 60.0, seconds=5.0, fps=25.0, sample_rate=48000, size=SIZE, seed=3)
-    source = tmp_path / "stereo.mkv"
-    with av.open(str(source), "w", format="matroska") as container:
-        video = container.add_stream("libx264", rate=Fraction(25), options={"preset": "veryfast"})
-        video.width, video.height, video.pix_fmt = SIZE[0], SIZE[1], "yuv420p"
-        audio = container.add_stream("aac", rate=48000, layout="stereo")
-        sound = av.AudioFrame.from_ndarray(np.stack([mono, 0.5 * mono]), format="fltp", layout="stereo")
-        sound.sample_rate, sound.pts = 48000, 0
-        container.mux(audio.encode(sound))
-        container.mux(audio.encode(None))
-        for index, pixels in enumerate(frames):
-            picture = av.VideoFrame.from_ndarray(pixels, format="rgb24")
-            picture.pts = index
-            container.mux(video.encode(picture))
-        container.mux(video.encode(None))
+    source = write_clip(tmp_path / "stereo.mkv", frames, np.stack([mono, 0.5 * mono]), 25.0, 48000, crf=23,
+                        container_format="matroska")
     with av.open(str(source)) as container:
         assert any(p.dts is None and p.size for p in container.demux(container.streams.video[0]))
     out = tmp_path / "fixed.mp4"

@@ -1,4 +1,4 @@
-"""Synthetic test clips with a known A/V offset, written as real MP4 files (H.264 + AAC) with PyAV.
+"""Synthetic test clips with a known A/V offset, written as real media files (MP4 by default; H.264 + AAC) with PyAV.
 
 Kinds (all with background noise: gray-level noise in the picture, white noise in the sound):
 
@@ -113,20 +113,25 @@ def synthetic_tracks(kind: str, offset_ms: float, seconds: float = 6.0, fps: flo
 
 
 def write_clip(path: str | os.PathLike, frames: np.ndarray, samples: np.ndarray | None, fps: float,
-               sample_rate: int = 32000, crf: int = 18) -> Path:
-    """Write uint8 ``[F, H, W, 3]`` frames (H.264, yuv420p) and mono float samples (AAC) to an MP4, atomically."""
+               sample_rate: int = 32000, crf: int = 18, container_format: str = "mp4") -> Path:
+    """Write uint8 ``[F, H, W, 3]`` frames (H.264, yuv420p) and float samples in [-1, 1] (AAC; mono ``[n]``
+    or ``[channels, n]`` with 1 or 2 channels) to a `container_format` file ("mp4", "matroska", ...), atomically."""
     import av
 
     final = Path(path)
+    planes = None if samples is None else np.atleast_2d(np.asarray(samples, np.float32))
+    if planes is not None and (planes.ndim != 2 or planes.shape[0] not in (1, 2)):
+        raise ValueError(f"samples must be [n] or [channels, n] with 1 or 2 channels, got shape {np.shape(samples)}")
     with atomic_path(final) as temporary:
-        with av.open(str(temporary), mode="w", format="mp4") as container:
+        with av.open(str(temporary), mode="w", format=container_format) as container:
             video = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001),
                                          options={"crf": str(crf), "preset": "veryfast"})
             video.height, video.width = frames.shape[1], frames.shape[2]
             video.pix_fmt = "yuv420p"
-            if samples is not None:
-                audio = container.add_stream("aac", rate=int(sample_rate), layout="mono")
-                frame = av.AudioFrame.from_ndarray(samples[None].astype(np.float32), format="fltp", layout="mono")
+            if planes is not None:
+                layout = "mono" if planes.shape[0] == 1 else "stereo"
+                audio = container.add_stream("aac", rate=int(sample_rate), layout=layout)
+                frame = av.AudioFrame.from_ndarray(planes, format="fltp", layout=layout)
                 frame.sample_rate, frame.pts = int(sample_rate), 0
                 container.mux(audio.encode(frame))
                 container.mux(audio.encode(None))
