@@ -21,9 +21,15 @@ from typing import Any
 
 import torch
 
-from h3director.errors import InvalidInputError
 from h3director.video.decoder import VideoDecoderAdapter
-from h3director.video.scheduler import AudioJob, DecodeReport, ProgressCallback, stream_decode
+from h3director.video.scheduler import (
+    AudioJob,
+    DecodeReport,
+    ProgressCallback,
+    check_decode_inputs,
+    stream_decode,
+    write_audio_job,
+)
 from h3director.video.sink import FrameSink, StreamSpec
 
 REFERENCE_NOTE = "memory_optimization_level 0: the model's own decode (reference path), no streaming, no pool"
@@ -34,14 +40,7 @@ def reference_decode(adapter: VideoDecoderAdapter, latents: torch.Tensor, sink: 
                      on_progress: ProgressCallback | None = None) -> DecodeReport | None:
     """Decode the whole video with `adapter.reference_decode` into `sink`; None when the adapter has no
     reference call (nothing was started then)."""
-    if not isinstance(latents, torch.Tensor):
-        raise InvalidInputError(f"latents must be a torch.Tensor, got {type(latents).__name__}")
-    adapter.validate(latents, denormalize=denormalize)
-    if audio is not None:
-        audio.adapter.validate(audio.latents, denormalize=audio.denormalize)
-        if not sink.supports_audio:
-            raise InvalidInputError(f"{type(sink).__name__} does not take audio; use a sink that does "
-                                    f"(e.g. VideoFileSink) or decode the audio separately")
+    check_decode_inputs(adapter, latents, sink, audio, denormalize)
     started = time.perf_counter()
     frames = adapter.reference_decode(latents, denormalize=denormalize)
     if frames is None:
@@ -52,12 +51,7 @@ def reference_decode(adapter: VideoDecoderAdapter, latents: torch.Tensor, sink: 
     report = DecodeReport(frames=spec.frames, clips=1, path="reference", notes=[REFERENCE_NOTE])
     sink.begin(spec)
     try:
-        if audio is not None:
-            waveform = audio.adapter.decode(audio.latents, denormalize=audio.denormalize,
-                                            chunk_seconds=audio.chunk_seconds)
-            sink.write_audio(waveform, audio.adapter.sample_rate)
-            report.audio_samples = waveform.shape[-1]
-            del waveform
+        write_audio_job(audio, sink, report)
         sink.write(0, frames)
         del frames
         if on_progress is not None:

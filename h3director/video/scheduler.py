@@ -185,6 +185,31 @@ def _stream_clips(session: DecodeSession, adapter: VideoDecoderAdapter, schedule
     return execution
 
 
+def check_decode_inputs(adapter: VideoDecoderAdapter, latents: torch.Tensor, sink: FrameSink,
+                        audio: AudioJob | None, denormalize: bool) -> None:
+    """Refuse a decode before any work: `latents` not a tensor or not what `adapter` decodes, `audio`
+    latents its adapter refuses, or audio for a sink that does not take it (`InvalidInputError`)."""
+    if not isinstance(latents, torch.Tensor):
+        raise InvalidInputError(f"latents must be a torch.Tensor, got {type(latents).__name__}")
+    adapter.validate(latents, denormalize=denormalize)
+    if audio is not None:
+        audio.adapter.validate(audio.latents, denormalize=audio.denormalize)
+        if not sink.supports_audio:
+            raise InvalidInputError(f"{type(sink).__name__} does not take audio; use a sink that does "
+                                    f"(e.g. VideoFileSink) or decode the audio separately")
+
+
+def write_audio_job(audio: AudioJob | None, sink: FrameSink, report: DecodeReport) -> None:
+    """Decode `audio` (when given) in one call and hand the waveform to `sink`; `report.audio_samples`
+    gets its length in samples. The waveform is dropped before returning."""
+    if audio is None:
+        return
+    waveform = audio.adapter.decode(audio.latents, denormalize=audio.denormalize, chunk_seconds=audio.chunk_seconds)
+    sink.write_audio(waveform, audio.adapter.sample_rate)
+    report.audio_samples = waveform.shape[-1]
+    del waveform
+
+
 def clip_buffers_for(config: Any, device: torch.device | str) -> ClipBuffers:
     """The per-clip buffers `config`'s memory level asks for on `device`: the process-wide slot pool
     (`h3director.core.pool_registry`) when ``features().pool``, collections between clips when
@@ -217,14 +242,7 @@ def stream_decode(adapter: VideoDecoderAdapter, latents: torch.Tensor, sink: Fra
     Raises `InvalidInputError` or `BudgetError` before any decoding, `DecodeOutOfMemory` when a clip
     cannot be decoded by any execution; the sink is aborted on every failure after `begin`.
     """
-    if not isinstance(latents, torch.Tensor):
-        raise InvalidInputError(f"latents must be a torch.Tensor, got {type(latents).__name__}")
-    adapter.validate(latents, denormalize=denormalize)
-    if audio is not None:
-        audio.adapter.validate(audio.latents, denormalize=audio.denormalize)
-        if not sink.supports_audio:
-            raise InvalidInputError(f"{type(sink).__name__} does not take audio; use a sink that does "
-                                    f"(e.g. VideoFileSink) or decode the audio separately")
+    check_decode_inputs(adapter, latents, sink, audio, denormalize)
     if config is None:
         from h3director.core.config import load_config
 
@@ -257,12 +275,7 @@ def stream_decode(adapter: VideoDecoderAdapter, latents: torch.Tensor, sink: Fra
     try:
         sink.begin(spec)
         try:
-            if audio is not None:
-                waveform = audio.adapter.decode(audio.latents, denormalize=audio.denormalize,
-                                                chunk_seconds=audio.chunk_seconds)
-                sink.write_audio(waveform, audio.adapter.sample_rate)
-                report.audio_samples = waveform.shape[-1]
-                del waveform
+            write_audio_job(audio, sink, report)
             sink.use_buffers(buffers)
             execution = _stream_clips(session, adapter, schedule, sink, execution, report, buffers,
                                       oom_retry=oom_retry, fault_injector=fault_injector, on_progress=on_progress)
