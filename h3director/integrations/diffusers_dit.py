@@ -24,7 +24,9 @@ What a tier changes (see `h3director.dit.tiers` for the exactness classes):
 - `query_chunks` > 1: inside each group, attention runs per block of query rows starting on multiples
   of `QUERY_ALIGN` (128) rows, over all keys;
 - `ffn_chunks` > 1: norm2, modulation, fc1, SwiGLU, fc2 and the gated residual run per range of packed
-  rows, in that order, written back into the stream.
+  rows, in that order, written back into the stream; norm1 and its modulation run over the same row
+  ranges into one preallocated attention input (row-wise ops: same values, and on the CPU under
+  `no_grad`, where PyTorch's `rms_norm` is composite, its float32 temporaries cover one range at a time).
 
 Both adapters iterate through `h3director.dit.blocks` (`grouped_attention`, `chunked_rows`), so this
 file decides only the arithmetic, not the order. The tiers run under `torch.no_grad()` /
@@ -229,13 +231,35 @@ def _feed_forward_rows(ff: nn.Module, hidden: list) -> torch.Tensor:
     return out
 
 
+def _modulated_rows(norm: nn.Module, hidden_states: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
+                    adaln_indices: torch.Tensor, chunks: int) -> torch.Tensor:
+    """`norm(x) * (1 + scale[idx]) + shift[idx]`, the stock modulated input, computed per range of rows into
+    one preallocated tensor."""
+    out = torch.empty_like(hidden_states)
+
+    def rows(a: int, b: int) -> None:
+        index = adaln_indices[a:b]
+        out[:, a:b] = norm(hidden_states[:, a:b]) * (1.0 + scale.index_select(0, index)) + shift.index_select(0, index)
+
+    chunked_rows(hidden_states.shape[1], chunks, rows)
+    return out
+
+
 def _block_forward(block: MiniMaxH3TransformerBlock, plan: DiTMemoryPlan, hidden_states: torch.Tensor,
                    temb: torch.Tensor, adaln_indices: torch.Tensor, rotary_emb: tuple[torch.Tensor, torch.Tensor],
                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """The block's forward under `plan` (not stock): `[batch, rows, hidden]` in, a new tensor out."""
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = block.adaln_proj(temb)
-    modulated = block.norm1(hidden_states)
-    modulated = modulated * (1.0 + scale_msa.index_select(0, adaln_indices)) + shift_msa.index_select(0, adaln_indices)
+    rows = hidden_states.shape[1]
+    if plan.ffn_chunks == 1:
+        modulated = block.norm1(hidden_states)
+        modulated = modulated * (1.0 + scale_msa.index_select(0, adaln_indices)) + shift_msa.index_select(
+            0, adaln_indices)
+    else:
+        # norm1 and its modulation are row-wise too: with row chunks they fill one preallocated input, so
+        # the norm's temporaries (float32 upcasts under no_grad on the CPU) cover one range of rows at a time
+        modulated = _modulated_rows(block.norm1, hidden_states, scale_msa, shift_msa, adaln_indices,
+                                    plan.ffn_chunks)
     ours = isinstance(block.attn.processor, H3DirectorAttnProcessor) and not _has_hooks(block.attn)
     attn_input = _Rows(modulated) if ours else modulated
     del modulated
@@ -243,7 +267,6 @@ def _block_forward(block: MiniMaxH3TransformerBlock, plan: DiTMemoryPlan, hidden
     del attn_input
     stream = hidden_states + gate_msa.index_select(0, adaln_indices) * attn_output
     del attn_output
-    rows = stream.shape[1]
 
     def ffn_rows(a: int, b: int) -> None:
         whole = (a, b) == (0, rows)

@@ -358,11 +358,21 @@ def _diffusers_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, atte
     Tiered (`h3director.integrations.diffusers_dit`): the same ops; the attention output dies after the
     gated residual, and norm2, modulation, fc1, SwiGLU, fc2 and `gate * ff` run per range of rows (all
     rows when `ffn_chunks` is 1), the FFN input dying after fc1, the result added in place into the
-    post-attention stream."""
+    post-attention stream; with row chunks, norm1 and its modulation also run per range into one
+    preallocated attention input."""
     md = seq * shape.hidden
     _adaln_table(ledger, shape, e, timesteps)
-    _rms_norm(ledger, "n", md, e, e, affine=True, width=shape.hidden)
-    _modulate(ledger, md, e)
+    if tier.lifetime and tier.ffn_chunks > 1:
+        # norm1 and modulation per range of rows, into one preallocated input (the first range is the largest)
+        mr = first_range_rows(seq, tier.ffn_chunks) * shape.hidden
+        ledger.alloc("m_all", md * e)
+        _rms_norm(ledger, "n", mr, e, e, affine=True, width=shape.hidden)
+        _modulate(ledger, mr, e)
+        ledger.free("m")
+        ledger.rename("m_all", "m")
+    else:
+        _rms_norm(ledger, "n", md, e, e, affine=True, width=shape.hidden)
+        _modulate(ledger, md, e)
     _attention(ledger, shape, seq, e, attention, tier, rope=True)
     if sections is not None:
         sections["attention"] = ledger.peak
