@@ -230,6 +230,18 @@ def first_range_rows(total: int, chunks: int, align: int = 1) -> int:
     return min(step, total)
 
 
+def _head_groups(shape: DiTShape, tier: BlockTier, seq: int, e: int) -> tuple[int, int, int, list[tuple[bool, bool]]]:
+    """The head-group geometry both frameworks' attention replays: heads per group, bytes of one group's
+    q (or k, or v) over `seq` rows at `e` bytes an element, the first query range's rows, and the groups
+    replayed as ``(first, last)`` flags: the first, one middle (every middle group is alike) and the last."""
+    groups = tier.head_chunks
+    heads = shape.heads // groups
+    part = seq * heads * shape.head_dim * e
+    q_rows = first_range_rows(seq, tier.query_chunks, QUERY_ALIGN)
+    replayed = [(True, groups == 1)] + ([(False, False)] if groups > 2 else []) + ([(False, True)] if groups > 1 else [])
+    return heads, part, q_rows, replayed
+
+
 def _adaln_table(ledger: ByteLedger, shape: DiTShape, e: int, timesteps: int) -> None:
     """The block's modulation table: six terms x three modalities x `timesteps` rows of `hidden`."""
     ledger.alloc("adaln", timesteps * ADALN_MODALITIES * ADALN_TERMS * shape.hidden * e)
@@ -282,11 +294,7 @@ def _attention(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attention:
     rotated; "m" dies right after the last group's projections. Grouped attention (head groups or query
     chunks) writes each call's output into a seq x inner buffer made after the first call returns. The
     first, a middle and the last group are replayed (every middle group is alike)."""
-    groups = tier.head_chunks
-    heads = shape.heads // groups
-    part = seq * heads * shape.head_dim * e
-    q_rows = first_range_rows(seq, tier.query_chunks, QUERY_ALIGN)
-    replayed = [(True, groups == 1)] + ([(False, False)] if groups > 2 else []) + ([(False, True)] if groups > 1 else [])
+    heads, part, q_rows, replayed = _head_groups(shape, tier, seq, e)
     for first, last in replayed:
         for name in ("q", "k", "v"):
             ledger.alloc(name, part)
@@ -423,11 +431,7 @@ def _comfy_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attentio
     md = seq * shape.hidden
     _adaln_table(ledger, shape, e, timesteps)
     _rms_norm(ledger, "h", md, e, e, affine=True, width=shape.hidden)       # then scaled and shifted in place
-    groups = tier.head_chunks
-    heads = shape.heads // groups
-    part = seq * heads * shape.head_dim * e
-    q_rows = first_range_rows(seq, tier.query_chunks, QUERY_ALIGN)
-    replayed = [(True, groups == 1)] + ([(False, False)] if groups > 2 else []) + ([(False, True)] if groups > 1 else [])
+    heads, part, q_rows, replayed = _head_groups(shape, tier, seq, e)
     for first, last in replayed:
         ledger.alloc("qkv", 3 * part)
         if last and tier.lifetime:
