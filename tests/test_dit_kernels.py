@@ -103,7 +103,12 @@ def test_rows_dependent_gemm_fails_every_row_split():
                             properties=(FFN_ROW_CHUNKS,))
     assert set(report.results) == {FFN_ROW_CHUNKS}
     variants = report.results[FFN_ROW_CHUNKS].variants
-    assert variants and not any(v.equal for v in variants)
+    gemms = [v for v in variants if not v.label.startswith("rms_norm")]
+    assert gemms and not any(v.equal for v in gemms)
+    assert not report.results[FFN_ROW_CHUNKS].passed
+    # the real rms_norm checked per row range beside them, in both grad modes
+    assert {v.label.split(")")[0] for v in variants if v.label.startswith("rms_norm")} == {
+        "rms_norm (no_grad", "rms_norm (inference_mode"}
 
 
 def test_cache_roundtrip_and_lookup(cache_file):

@@ -6,7 +6,8 @@ rows, columns or heads. That depends on the device, the library and its version,
 with `torch.equal`, on random inputs (fixed seed) at H3's real layer widths (`H3_WIDTHS`):
 
 - `FFN_ROW_CHUNKS`: the fc1 GEMM (hidden -> 2 x ffn) and the fc2 GEMM (ffn -> hidden) over all rows vs
-  the same GEMM per chunk of rows (several chunk counts, uneven ones included: `ranges.row_ranges`);
+  the same GEMM per chunk of rows (several chunk counts, uneven ones included: `ranges.row_ranges`), and
+  the block's RMSNorm (hidden wide) the same way, under no_grad and under inference_mode;
 - `QKV_COLUMN_GROUPS`: the fused QKV GEMM (hidden -> 3 x heads x head_dim) over all output columns vs
   one GEMM per head group and per q/k/v over that group's weight rows (every head-group count a tier
   can use: the divisors of `heads`), plus one variant that also splits the rows;
@@ -300,6 +301,21 @@ def check_ffn_row_chunks(inputs: _Inputs, rows: int, widths: KernelWidths, row_c
             calls = _row_chunked(linear, x, weight, chunks, out)
             variants.append(_compare(f"{name} {calls} row chunks", reference, out, calls))
         del x, weight, reference, out
+    # the row-chunked tiers also run the block's first RMSNorm per range of rows (diffusers' adapter);
+    # PyTorch's CPU rms_norm is composite under no_grad and one fused kernel under inference_mode: check both
+    x = inputs.normal(rows, widths.hidden)
+    scale = inputs.normal(widths.hidden)
+    shapes["rms_norm x"] = [rows, widths.hidden]
+    for mode_name, mode in (("no_grad", torch.no_grad), ("inference_mode", torch.inference_mode)):
+        with mode():
+            reference = torch.nn.functional.rms_norm(x, (widths.hidden,), scale, 1e-5)
+            out = torch.empty_like(reference)
+            for chunks in _distinct_splits(rows, row_chunks, 1):
+                ranges = row_ranges(rows, chunks)
+                for a, b in ranges:
+                    out[a:b] = torch.nn.functional.rms_norm(x[a:b], (widths.hidden,), scale, 1e-5)
+                variants.append(_compare(f"rms_norm ({mode_name}) {len(ranges)} row chunks", reference, out,
+                                         len(ranges)))
     return variants, shapes
 
 
