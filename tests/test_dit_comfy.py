@@ -9,10 +9,7 @@ Python); without one the tests skip with the reason.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -33,6 +30,7 @@ CHECKS = ([f"exact/{dtype}/{rows}/{plan}" for dtype in ("float32", "bfloat16") f
 
 from comfy_harness.vendored import h3_comfyui_root as comfyui_root  # noqa: E402
 from comfy_harness.vendored import why_no_h3_comfyui as skip_reason  # noqa: E402
+from comfy_harness.worker_checks import run_worker  # noqa: E402
 
 ROOT = comfyui_root()
 pytestmark = [pytest.mark.comfyui, pytest.mark.skipif(ROOT is None, reason=skip_reason() if ROOT is None else "")]
@@ -42,14 +40,8 @@ pytestmark = [pytest.mark.comfyui, pytest.mark.skipif(ROOT is None, reason=skip_
 def results(tmp_path_factory) -> dict:
     # an empty kernel cache: nothing counts as verified, whatever verify-kernels wrote on this machine
     cache = tmp_path_factory.mktemp("kernels") / "kernels.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"),
-           "H3_KERNEL_CACHE": str(cache)}
-    python = os.environ.get("COMFYUI_PYTHON") or sys.executable
-    run = subprocess.run([python, str(WORKER), str(ROOT)], capture_output=True, text=True, env=env,
-                         timeout=600, cwd=REPO)
-    lines = [line for line in run.stdout.splitlines() if line.startswith("H3DIT-RESULTS ")]
-    assert run.returncode == 0 and lines, f"worker failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-5000:]}"
-    return json.loads(lines[-1][len("H3DIT-RESULTS "):])
+    return run_worker(WORKER, [ROOT], "H3DIT-RESULTS", python=os.environ.get("COMFYUI_PYTHON"), timeout=600,
+                      env={"H3_KERNEL_CACHE": str(cache)})
 
 
 def test_worker_ran_every_check(results):

@@ -9,7 +9,6 @@ ComfyUI is `COMFYUI_DIR` (the vendored `.comfy/ComfyUI` by default); the worker'
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -27,6 +26,7 @@ CHECKS = [f"exact/{q}/{d}" for q in ("Q8_0", "Q4_0", "Q5_1", "Q4_K") for d in ("
 
 from comfy_harness.vendored import h3_comfyui_root as comfyui_root  # noqa: E402
 from comfy_harness.vendored import why_no_h3_comfyui as skip_reason  # noqa: E402
+from comfy_harness.worker_checks import run_worker  # noqa: E402
 
 
 def worker_python() -> str:
@@ -42,13 +42,8 @@ pytestmark = [pytest.mark.comfyui, pytest.mark.skipif(ROOT is None, reason=skip_
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     tmp = tmp_path_factory.mktemp("gguf")
-    run = subprocess.run([worker_python(), str(WORKER), str(ROOT), str(tmp)], capture_output=True, text=True,
-                         env=env, timeout=900, cwd=REPO)
-    lines = [line for line in run.stdout.splitlines() if line.startswith("H3GGUF-RESULTS ")]
-    assert run.returncode == 0 and lines, f"worker failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-5000:]}"
-    return json.loads(lines[-1][len("H3GGUF-RESULTS "):])
+    return run_worker(WORKER, [ROOT, tmp], "H3GGUF-RESULTS", python=worker_python(), timeout=900)
 
 
 def test_worker_ran_every_check(results):

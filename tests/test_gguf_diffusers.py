@@ -6,10 +6,7 @@ Python with the real ComfyUI: tests/comfy_harness/gguf_diffusers_worker.py), and
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import gguf
@@ -129,17 +126,13 @@ def test_curve_table_rejects_wrong_shape(reference_model):
 
 
 from comfy_harness.vendored import h3_comfyui_root as _comfyui_root  # noqa: E402
+from comfy_harness.worker_checks import run_worker  # noqa: E402
 
 
 @pytest.mark.comfyui
 @pytest.mark.skipif(_comfyui_root() is None, reason="no ComfyUI with H3 (COMFYUI_DIR / .comfy/ComfyUI)")
 def test_agrees_with_comfyui_model_on_the_same_file(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
-    run = subprocess.run([sys.executable, str(WORKER), str(_comfyui_root()), str(tmp_path)], capture_output=True,
-                         text=True, env=env, timeout=600, cwd=REPO)
-    lines = [line for line in run.stdout.splitlines() if line.startswith("H3GGUFX-RESULTS ")]
-    assert run.returncode == 0 and lines, f"worker failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
-    results = json.loads(lines[-1][len("H3GGUFX-RESULTS "):])
+    results = run_worker(WORKER, [_comfyui_root(), tmp_path], "H3GGUFX-RESULTS", timeout=600)
     for label, entry in results.items():
         # two implementations ordering ops differently (fused rms+rope, attention kernels) over 3 blocks;
         # measured: float32 1.8e-7 of 1.25 (unpruned), 1.9e-7 of 1.08 (curve form); bfloat16 2.4e-3 of 1.08

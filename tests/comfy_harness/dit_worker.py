@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
-import json
 import sys
-import traceback
 import types
 
 CONFIG = dict(hidden_size=64, num_layers=2, token_refiner_num_layers=1, num_attention_heads=4, attention_head_dim=16,
@@ -125,6 +123,15 @@ def forward(patcher, dtype, mask=False, extra_options=None):
         return patcher.model.diffusion_model([v.clone() for v in x], t, context, transformer_options=to, **kwargs)
 
 
+def lora_patches(state_dict, keys, seed: int) -> dict:
+    """`ModelPatcher.add_patches` input: for each of `keys` (in order), one full-weight difference of
+    0.05 x standard normal noise shaped like `state_dict[key]`, drawn from one generator seeded `seed`."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    return {k: (0.05 * torch.randn(state_dict[k].shape, generator=generator),) for k in keys}
+
+
 def equal(a, b) -> bool:
     import torch
 
@@ -144,18 +151,13 @@ def run_checks(root: str) -> dict:
     import comfy.sampler_helpers
     import torch
     from comfy.ldm.modules.attention import attention_pytorch
+    from worker_checks import Checks
 
     from h3director.errors import InvalidInputError
     from h3director.integrations import comfy_dit
 
-    results: dict[str, dict] = {}
-
-    def check(name, fn):
-        try:
-            ok, detail = fn()
-        except Exception:
-            ok, detail = False, traceback.format_exc()[-3000:]
-        results[name] = {"ok": bool(ok), "detail": str(detail)}
+    checks = Checks()
+    results, check = checks.results, checks.check
 
     sd = tiny_state_dict(h3)
     blocks = CONFIG["num_layers"]
@@ -184,12 +186,9 @@ def run_checks(root: str) -> dict:
     check("weights/plain-and-cast-paths-both-covered", weight_paths)
 
     def lora():
-        generator = torch.Generator().manual_seed(5)
         patched_base = base.clone()
-        model_sd = base.model.state_dict()
         keys = ["diffusion_model.blocks.0.attn.qkv_proj.weight", "diffusion_model.blocks.1.mlp.fc1.weight"]
-        added = patched_base.add_patches({k: (0.05 * torch.randn(model_sd[k].shape, generator=generator),)
-                                          for k in keys})
+        added = patched_base.add_patches(lora_patches(base.model.state_dict(), keys, seed=5))
         stock = forward(patched_base, torch.float32)
         ours, handle = comfy_dit.install(patched_base, head_chunks=2, ffn_chunks=3)
         out = forward(ours, torch.float32)
@@ -200,11 +199,9 @@ def run_checks(root: str) -> dict:
 
     def lora_lowvram():
         # patches applied on the fly (lowvram: weight_function on the modules) go through cast_bias_weight
-        generator = torch.Generator().manual_seed(6)
         patched_base = base.clone()
-        model_sd = base.model.state_dict()
         keys = ["diffusion_model.blocks.0.attn.qkv_proj.weight", "diffusion_model.blocks.0.mlp.fc2.weight"]
-        patched_base.add_patches({k: (0.05 * torch.randn(model_sd[k].shape, generator=generator),) for k in keys})
+        patched_base.add_patches(lora_patches(base.model.state_dict(), keys, seed=6))
         ours, handle = comfy_dit.install(patched_base, head_chunks=2, ffn_chunks=3)
         stock_out = forward(patched_base, torch.float32)
         model = ours.model
@@ -411,4 +408,6 @@ def run_checks(root: str) -> dict:
 
 
 if __name__ == "__main__":
-    print("H3DIT-RESULTS " + json.dumps(run_checks(sys.argv[1]), default=str))
+    from worker_checks import emit
+
+    emit("H3DIT-RESULTS", run_checks(sys.argv[1]))

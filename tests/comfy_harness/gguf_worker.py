@@ -10,7 +10,6 @@ the GGUF MODEL must give `torch.equal` outputs to it.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import traceback
@@ -22,6 +21,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import dit_worker  # noqa: E402
 import gguf_helpers as gh  # noqa: E402
+from worker_checks import Checks, emit  # noqa: E402
 
 dit_worker.CONFIG = gh.CONFIG
 
@@ -39,15 +39,9 @@ def run_checks(root: str, tmp: str) -> dict:
 
     h3 = sys.modules["comfy.ldm.minimax.model"]
     Q = gguf.GGMLQuantizationType
-    results: dict[str, dict] = {}
+    checks = Checks()
+    results, check = checks.results, checks.check
     forward, equal = dit_worker.forward, dit_worker.equal
-
-    def check(name, fn):
-        try:
-            ok, detail = fn()
-        except Exception:
-            ok, detail = False, traceback.format_exc()[-3000:]
-        results[name] = {"ok": bool(ok), "detail": str(detail)}
 
     def stock(sd, dtype):
         return comfy.sd.load_diffusion_model_state_dict(dict(sd), model_options={"dtype": dtype})
@@ -127,10 +121,8 @@ def run_checks(root: str, tmp: str) -> dict:
     def lora():
         ours = comfy_gguf.load_gguf_dit(path, dtype=torch.float32)
         ref = stock(dequantised, torch.float32)
-        generator = torch.Generator().manual_seed(5)
         keys = ["diffusion_model.blocks.0.attn.qkv_proj.weight", "diffusion_model.blocks.1.mlp.fc1.weight"]
-        shapes = {k: ref.model.state_dict()[k].shape for k in keys}
-        patches = {k: (0.05 * torch.randn(shapes[k], generator=generator),) for k in keys}
+        patches = dit_worker.lora_patches(ref.model.state_dict(), keys, seed=5)
         ref_l, ours_l = ref.clone(), ours.clone()
         added = (ref_l.add_patches(patches), ours_l.add_patches(patches))
         raw = ours.model.diffusion_model.blocks[0].attn.qkv_proj.weight.clone()
@@ -145,9 +137,8 @@ def run_checks(root: str, tmp: str) -> dict:
     def lora_lowvram():
         ours = comfy_gguf.load_gguf_dit(path, dtype=torch.float32)
         ref = stock(dequantised, torch.float32)
-        generator = torch.Generator().manual_seed(6)
         keys = ["diffusion_model.blocks.0.attn.qkv_proj.weight", "diffusion_model.blocks.0.mlp.fc2.weight"]
-        patches = {k: (0.05 * torch.randn(ref.model.state_dict()[k].shape, generator=generator),) for k in keys}
+        patches = dit_worker.lora_patches(ref.model.state_dict(), keys, seed=6)
         ref_l, ours_l = ref.clone(), ours.clone()
         ref_l.add_patches(patches)
         ours_l.add_patches(patches)
@@ -241,4 +232,4 @@ if __name__ == "__main__":
     except Exception:
         traceback.print_exc()
         sys.exit(1)
-    print("H3GGUF-RESULTS " + json.dumps(out))
+    emit("H3GGUF-RESULTS", out)
