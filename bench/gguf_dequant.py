@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,32 +34,13 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from _gguf_blocks import random_blocks  # noqa: E402
+from _timing import median_seconds  # noqa: E402
+
 from h3director import native  # noqa: E402
 from h3director.weights.dequant import dequantize_tensor  # noqa: E402
 
 MiB = 1 << 20
-
-
-def _blocks(name: str, values: int, rng: np.random.Generator) -> np.ndarray:
-    import gguf
-
-    block_values, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
-    n = values // block_values
-    data = rng.integers(0, 256, size=(n, block_bytes), dtype=np.uint8)
-    scale_at = {"Q6_K": [208]}.get(name, [0, 2] if name in ("Q4_1", "Q5_1", "Q4_K", "Q5_K") else [0])
-    for off in scale_at:
-        data[:, off:off + 2] = rng.normal(0, 0.02, n).astype(np.float16).view(np.uint8).reshape(n, 2)
-    return data.reshape(-1)
-
-
-def _median(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def bench_speed(args) -> list[str]:
@@ -75,14 +55,14 @@ def bench_speed(args) -> list[str]:
              "| type | quantised MiB | gguf.quants (s) | torch CPU (s) | native (s) | torch vs gguf | native vs gguf | "
              "native vs torch | bits equal |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for name in args.types:
-        raw = _blocks(name, rows * cols, rng)
+        raw = random_blocks(name, rows * cols, rng)
         qtype = gguf.GGMLQuantizationType[name]
         out = torch.empty((rows, cols), dtype=torch.float32)
         start = time.perf_counter()
         ref = quants.dequantize(raw.reshape(rows, -1), qtype)
         t_gguf = time.perf_counter() - start
-        t_torch = _median(partial(dequantize_tensor, raw, qtype, (rows, cols), backend="torch"), args.repeats)
-        t_native = _median(partial(dequantize_tensor, raw, qtype, (rows, cols), out=out), args.repeats)
+        t_torch = median_seconds(partial(dequantize_tensor, raw, qtype, (rows, cols), backend="torch"), args.repeats)
+        t_native = median_seconds(partial(dequantize_tensor, raw, qtype, (rows, cols), out=out), args.repeats)
         by_torch = dequantize_tensor(raw, qtype, (rows, cols), backend="torch")
         equal = bool(np.array_equal(by_torch.numpy().view(np.uint32), ref.view(np.uint32))
                      and np.array_equal(out.numpy().view(np.uint32), ref.view(np.uint32)))

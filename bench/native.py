@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import resource
-import statistics
 import subprocess
 import sys
 import time
@@ -30,31 +29,14 @@ from functools import partial
 
 import numpy as np
 import torch
+from _gguf_blocks import random_blocks
+from _timing import best_seconds, median_seconds
 
 from h3director import native
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
-
-
-def _times(fn: Callable[[], object], repeats: int) -> list[float]:
-    fn()  # warm-up (first-touch page faults, lazy initialisation)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def median_seconds(fn: Callable[[], object], repeats: int) -> float:
-    return statistics.median(_times(fn, repeats))
-
-
-def best_seconds(fn: Callable[[], object], repeats: int) -> float:
-    """Fastest of `repeats` runs: for millisecond kernels on a shared machine, the least disturbed one."""
-    return min(_times(fn, repeats))
 
 
 def current_rss_bytes() -> int:
@@ -159,19 +141,6 @@ def bench_pack(args) -> list[str]:
 # ------------------------------------------------------------------------------------------- dequant
 
 
-def _blocks(name: str, values: int, rng: np.random.Generator) -> np.ndarray:
-    """Random blocks with ordinary float16 scales (what real files hold)."""
-    import gguf
-
-    block_values, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
-    n = values // block_values
-    data = rng.integers(0, 256, size=(n, block_bytes), dtype=np.uint8)
-    scale_at = {"Q6_K": [208]}.get(name, [0, 2] if name in ("Q4_1", "Q5_1", "Q4_K", "Q5_K") else [0])
-    for off in scale_at:
-        data[:, off:off + 2] = rng.normal(0, 0.02, n).astype(np.float16).view(np.uint8).reshape(n, 2)
-    return data.reshape(1, -1)
-
-
 def bench_dequant(args) -> list[str]:
     import gguf
     from gguf import quants
@@ -191,7 +160,7 @@ def bench_dequant(args) -> list[str]:
     dst = np.zeros(args.values, np.float32)
     many = 3 * args.repeats
     for name in TYPES:
-        data = _blocks(name, args.values, rng)
+        data = random_blocks(name, args.values, rng).reshape(1, -1)
         qtype = gguf.GGMLQuantizationType[name]
         out = np.zeros((1, args.values), np.float32)
         ref = quants.dequantize(data, qtype)

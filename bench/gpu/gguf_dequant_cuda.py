@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import struct
 import sys
 from functools import partial
 from pathlib import Path
@@ -28,46 +26,18 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _gguf_blocks import random_blocks  # noqa: E402
+from _timing import median_cuda_seconds, median_seconds  # noqa: E402
+
 from h3director.weights import dequant_torch  # noqa: E402
 from h3director.weights.dequant import dequantize_tensor  # noqa: E402
 
 EXTREMES = [0x7C00, 0xFC00, 0x7E00, 0x0001, 0x7BFF, 0x0400]
 
 
-def _blocks(name, values, rng):
-    import gguf
-
-    bv, bb = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
-    n = values // bv
-    data = rng.integers(0, 256, size=(n, bb), dtype=np.uint8)
-    offs = {"Q6_K": [208]}.get(name, [0, 2] if name in ("Q4_1", "Q5_1", "Q4_K", "Q5_K") else [0])
-    for off in offs:
-        data[:, off:off + 2] = rng.normal(0, 0.02, n).astype(np.float16).view(np.uint8).reshape(n, 2)
-    for i, bits in enumerate(EXTREMES):
-        data[i, offs[0]:offs[0] + 2] = np.frombuffer(struct.pack("<H", bits), np.uint8)
-    return data.reshape(-1)
-
-
 def _timed(fn, repeats, device):
-    fn()
-    if device.type != "cuda":
-        import time
-
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-        return statistics.median(times)
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1000)
-    return statistics.median(times)
+    return median_cuda_seconds(fn, repeats) if device.type == "cuda" else median_seconds(fn, repeats)
 
 
 def main() -> int:
@@ -93,7 +63,7 @@ def main() -> int:
                "torch": torch.__version__, "shape": [rows, cols], "types": {}}
     bf16_host = torch.empty((rows, cols), dtype=torch.bfloat16).pin_memory() if device.type == "cuda" else None
     for name in args.types:
-        raw = _blocks(name, rows * cols, rng)
+        raw = random_blocks(name, rows * cols, rng, EXTREMES)
         qtype = gguf.GGMLQuantizationType[name]
         with np.errstate(all="ignore"):
             ref = quants.dequantize(raw.reshape(rows, -1), qtype)
