@@ -7,6 +7,7 @@ import torch
 from comfy_api.latest import io
 
 from h3director.av.measure import DEFAULT_MAX_OFFSET_MS, DEFAULT_WINDOW_S, AVSyncResult, measure_arrays
+from h3director.comfy.audio_input import audio_input
 from h3director.errors import InvalidInputError
 
 MOTION_WIDTH = 160  # frames are subsampled to about this many pixels across before differencing
@@ -18,15 +19,13 @@ def measure_images(images: torch.Tensor, audio: dict, fps: float,
     "sample_rate"}`` (batch item 0, channels mixed, sample 0 at time 0). Positive offset: audio late."""
     if not isinstance(images, torch.Tensor) or images.ndim != 4:
         raise InvalidInputError(f"IMAGE must be [frames, H, W, C], got {getattr(images, 'shape', type(images))}")
-    if not isinstance(audio, dict) or "waveform" not in audio or "sample_rate" not in audio:
-        raise InvalidInputError("AUDIO must be a dict with 'waveform' and 'sample_rate'")
-    waveform = audio["waveform"]
+    waveform, sample_rate = audio_input(audio)
     if not isinstance(waveform, torch.Tensor) or waveform.ndim != 3 or waveform.shape[0] < 1:
         raise InvalidInputError(f"AUDIO waveform must be [B, channels, samples], got {getattr(waveform, 'shape', None)}")
     stride = max(1, images.shape[2] // MOTION_WIDTH)
     frames = (images[k, ::stride, ::stride].to(torch.float32).cpu().numpy() for k in range(images.shape[0]))
     samples = waveform[0].to(torch.float32).cpu().numpy()
-    return measure_arrays(frames, float(fps), samples, int(audio["sample_rate"]), max_offset_ms=max_offset_ms,
+    return measure_arrays(frames, float(fps), samples, sample_rate, max_offset_ms=max_offset_ms,
                           window_s=DEFAULT_WINDOW_S)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from comfy_api.latest import io
 
+from h3director.comfy.audio_input import audio_input
 from h3director.errors import InvalidInputError
 
 
@@ -86,10 +87,9 @@ class FrameOffset(io.ComfyNode):
             if audio_ms:
                 raise InvalidInputError(f"audio_ms is {audio_ms} but no audio is connected")
             return io.NodeOutput(shifted, None)
-        if not isinstance(audio, dict) or "waveform" not in audio or "sample_rate" not in audio:
-            raise InvalidInputError("AUDIO must be a dict with 'waveform' and 'sample_rate'")
-        samples = audio_samples_for_ms(audio_ms, int(audio["sample_rate"]))
-        length = audio["waveform"].shape[-1]
+        waveform, sample_rate = audio_input(audio)
+        samples = audio_samples_for_ms(audio_ms, sample_rate)
+        length = waveform.shape[-1]
         if abs(samples) >= length:
             raise InvalidInputError(f"audio_ms {audio_ms} is {abs(samples)} samples, beyond the sound's {length}")
-        return io.NodeOutput(shifted, {**audio, "waveform": shift_audio(audio["waveform"], samples)})
+        return io.NodeOutput(shifted, {**audio, "waveform": shift_audio(waveform, samples)})

@@ -9,13 +9,8 @@ from __future__ import annotations
 from comfy_api.latest import io
 
 from h3director.av.stitch_arrays import join_audio, join_frames
+from h3director.comfy.audio_input import audio_input
 from h3director.errors import InvalidInputError
-
-
-def _audio(value, name: str):
-    if not isinstance(value, dict) or "waveform" not in value or "sample_rate" not in value:
-        raise InvalidInputError(f"{name} must be an AUDIO dict with 'waveform' and 'sample_rate'")
-    return value["waveform"], int(value["sample_rate"])
 
 
 class Stitch(io.ComfyNode):
@@ -43,8 +38,8 @@ class Stitch(io.ComfyNode):
 
     @classmethod
     def execute(cls, images_a, audio_a, images_b, audio_b, overlap, blend, fps) -> io.NodeOutput:
-        wave_a, rate_a = _audio(audio_a, "audio_a")
-        wave_b, rate_b = _audio(audio_b, "audio_b")
+        wave_a, rate_a = audio_input(audio_a, "audio_a")
+        wave_b, rate_b = audio_input(audio_b, "audio_b")
         if rate_a != rate_b:
             raise InvalidInputError(f"sample rates differ: {rate_a} Hz then {rate_b} Hz; both must match")
         images = join_frames(images_a, images_b, int(overlap), blend)
