@@ -17,3 +17,5 @@ fi
 .venv/bin/python -m pip install -q -e ".[test]"
 # The vendored ComfyUI for the real-ComfyUI tests (skipped with a message when ../shared/vendor is absent).
 bash scripts/setup_comfyui.sh
+# Headless Chromium, chromedriver and ComfyUI's web frontend for the live-panel browser test.
+bash scripts/setup_browser.sh

@@ -1,0 +1,266 @@
+"""The live memory panel in a real ComfyUI page, driven by a real headless Chromium.
+
+Server: the vendored ComfyUI (see tests/test_comfy_real.py, whose helpers this reuses) on loopback with
+`--cpu`, the pack, the tiny H3 VAE test nodes, a `H3TestHoldMemory` node
+(tests/comfy_harness/panel_real_node) and ComfyUI's real web frontend (`.comfy/frontend`, the pinned
+comfyui-frontend-package that scripts/setup_browser.sh installs). Config by environment: the monitor on
+at 250 ms, a 1 GiB slot pool of 16 MiB slots. Browser: Debian's /usr/bin/chromium through
+/usr/bin/chromedriver (selenium; nothing downloaded). When either is missing the test runs
+scripts/setup_browser.sh once and skips, saying why, only if they are still missing.
+
+Checks: the "H3 Memory" sidebar tab opens the panel; its numbers are present and the sample count
+grows; a prompt queued with the page's client id (as the page itself queues) shows the running node's
+title in the panel while it runs and leaves it marked in the recorded samples; the pool heatmap has one
+cell per slot. A screenshot is kept in the test's folder, and copied to $H3DIRECTOR_PANEL_SCREENSHOT when set
+(docs/img/panel.png was made that way). The route's own switches (monitor off, unknown parameters) are
+checked in-process below, without a server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from comfy_harness.vendored import why_unavailable
+from test_comfy_real import START_TIMEOUT_S, _free_port, _get, _post_json
+
+REPO = Path(__file__).resolve().parents[1]
+COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+FRONTEND = REPO / ".comfy" / "frontend" / "comfyui_frontend_package" / "static"
+HOLD_TITLE = "Hold 256 MiB"
+POOL_SLOTS = 64   # 1024 MiB pool / 16 MiB slots
+real = [pytest.mark.comfyui, pytest.mark.slow, pytest.mark.skipif(not COMFYUI_DIR, reason=why_unavailable())]
+
+
+def _browser_missing() -> str | None:
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER, FRONTEND / "index.html") if not p.exists()]
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append("the selenium package")
+    return ", ".join(missing) or None
+
+
+@pytest.fixture(scope="module")
+def browser_ready():
+    if _browser_missing():
+        subprocess.run(["bash", str(REPO / "scripts/setup_browser.sh")], cwd=REPO, timeout=900, check=False)
+    missing = _browser_missing()
+    if missing:
+        pytest.skip(f"{missing} missing and scripts/setup_browser.sh could not install it (needs root apt-get for "
+                    "Debian's chromium and chromium-driver, and pip for the frontend package and selenium)")
+
+
+@pytest.fixture(scope="module")
+def panel_server(browser_ready, tmp_path_factory):
+    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
+    base = tmp_path_factory.mktemp("comfy-panel-base")
+    for folder in ("custom_nodes", "models/vae", "input", "output", "temp", "user"):
+        (base / folder).mkdir(parents=True)
+    (base / "custom_nodes" / "H3-Director").symlink_to(REPO, target_is_directory=True)
+    vae_nodes = base / "custom_nodes" / "h3director_test_nodes"
+    vae_nodes.mkdir()
+    shutil.copy(REPO / "tests/comfy_harness/real_node/__init__.py", vae_nodes / "__init__.py")
+    shutil.copy(REPO / "tests/comfy_harness/real_comfy.py", vae_nodes / "real_comfy.py")
+    shutil.copytree(REPO / "tests/comfy_harness/panel_real_node", base / "custom_nodes" / "h3director_panel_nodes")
+    make_weights = (
+        f"import sys; sys.path.insert(0, {COMFYUI_DIR!r}); sys.path.insert(0, {str(vae_nodes)!r});"
+        "sys.argv = ['main.py', '--cpu']; import comfy.options; comfy.options.enable_args_parsing();"
+        "import real_comfy;"
+        f"real_comfy.write_tiny_weights({str(base / 'models/vae/h3_tiny_video.safetensors')!r},"
+        f" {str(base / 'models/vae/h3_tiny_audio.safetensors')!r})"
+    )
+    subprocess.run([python, "-c", make_weights], check=True, cwd=COMFYUI_DIR, timeout=300)
+    import safetensors.torch
+
+    latent = torch.randn(1, 24, 12, 8, 24, generator=torch.Generator().manual_seed(5))
+    safetensors.torch.save_file({"latent_tensor": latent, "latent_format_version_0": torch.tensor([])},
+                                str(base / "input" / "panel.latent"))
+    port = _free_port()
+    log_path = base / "comfyui.log"
+    log = open(log_path, "w")  # noqa: SIM115 - closed after the server stops
+    env = dict(os.environ, PYTHONUNBUFFERED="1", H3_MONITOR__ENABLE_MONITOR="true",
+               H3_MONITOR__UPDATE_INTERVAL_MS="250", H3_PRE_ALLOCATED_POOL_MB="1024", H3_POOL_SLOT_MB="16")
+    server = subprocess.Popen(
+        [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port), "--base-directory", str(base),
+         "--disable-auto-launch", "--front-end-root", str(FRONTEND)],
+        cwd=COMFYUI_DIR, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline and server.poll() is None:
+        try:
+            if _get(f"{url}/system_stats")[0] == 200:
+                break
+        except OSError:
+            time.sleep(1)
+    if server.poll() is not None or time.monotonic() >= deadline:
+        server.kill()
+        log.close()
+        pytest.fail("ComfyUI did not start:\n" + log_path.read_text()[-4000:])
+    yield {"url": url, "base": base, "log": log_path}
+    server.terminate()
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def driver(browser_ready, tmp_path_factory):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    os.environ.setdefault("SE_OFFLINE", "true")   # selenium manager: never download a browser or driver
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1500,950", f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        options.add_argument(flag)
+    browser = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    yield browser
+    browser.quit()
+
+
+def _wait(what: str, condition, timeout: float = 60.0, step: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _text(driver, css: str) -> str:
+    """The text of the first match, read in one script call (the panel redraws its DOM on every poll)."""
+    return driver.execute_script("const e = document.querySelector(arguments[0]); return e ? e.innerText : ''", css)
+
+
+def _attributes(driver, css: str, name: str) -> list[str]:
+    return driver.execute_script("return [...document.querySelectorAll(arguments[0])].map(e => e.getAttribute("
+                                 "arguments[1]))", css, name)
+
+
+def _hold_workflow() -> dict:
+    return {
+        "1": {"class_type": "LoadLatent", "inputs": {"latent": "panel.latent"}},
+        "2": {"class_type": "VAELoader", "inputs": {"vae_name": "h3_tiny_video.safetensors"}},
+        "3": {"class_type": "H3DirectorDecodeAVStreaming", "inputs": {
+            "samples": ["1", 0], "vae": ["2", 0], "output": "images", "filename_prefix": "panel", "fps": 24.0,
+            "crf": 18}},
+        "4": {"class_type": "H3TestHoldMemory", "inputs": {"image": ["3", 0], "mib": 256, "seconds": 4.0},
+              "_meta": {"title": HOLD_TITLE}},
+    }
+
+
+@pytest.mark.comfyui
+@pytest.mark.slow
+@pytest.mark.skipif(not COMFYUI_DIR, reason=why_unavailable())
+def test_panel_shows_live_memory_and_marks_the_running_node(panel_server, driver, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    driver.get(panel_server["url"])
+    try:   # the frontend is large; on a busy 2-core machine its first load has taken over 2 minutes
+        _wait("the pack's extension to poll the stats", lambda: driver.execute_script(
+            "return window.h3directorPanel && window.h3directorPanel.polls > 0"), timeout=400, step=1)
+    except AssertionError:
+        driver.save_screenshot(str(tmp_path / "no-poll.png"))
+        state = driver.execute_script("return [document.readyState, !!window.comfyAPI, !!window.h3directorPanel]")
+        raise AssertionError(f"the panel never polled: readyState, comfyAPI, panel = {state}; browser log "
+                             f"{driver.get_log('browser')[-10:]}; see {tmp_path}") from None
+    def sidebar_button():
+        return [b for b in driver.find_elements(By.CSS_SELECTOR, "button")
+                if (b.get_attribute("aria-label") or "").startswith("H3 Director: live memory")]
+
+    try:
+        _wait("the H3 Memory sidebar button", sidebar_button, timeout=60)
+    except AssertionError:
+        driver.save_screenshot(str(tmp_path / "no-button.png"))
+        labels = [(b.get_attribute("aria-label"), b.text) for b in driver.find_elements(By.CSS_SELECTOR, "button")]
+        raise AssertionError(f"no H3 Memory sidebar button; buttons: {labels[:40]}; see {tmp_path}") from None
+    from selenium.common.exceptions import ElementClickInterceptedException, StaleElementReferenceException
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    def click_through_dialogs():   # the frontend may open its templates dialog over the page first
+        try:
+            sidebar_button()[0].click()
+            return True
+        except (ElementClickInterceptedException, StaleElementReferenceException, IndexError):
+            ActionChains(driver).send_keys(Keys.ESCAPE).perform()
+            return False
+
+    _wait("a click on the sidebar button", click_through_dialogs, timeout=30, step=0.5)
+    _wait("the panel", lambda: _text(driver, "#h3d-status").startswith("monitor on"))
+    rss = int(_attributes(driver, ".h3d-host", "data-rss")[0])
+    assert rss > 50 * 1024 * 1024, rss           # a ComfyUI server holds far more than 50 MiB
+    assert "GiB" in _text(driver, "#h3d-now") and "no accelerator" in _text(driver, "#h3d-now")
+    assert "none (CPU only)" in _text(driver, "#h3d-allocator")
+    first = driver.execute_script("return window.h3directorPanel.polls")
+    _wait("the numbers to update", lambda: driver.execute_script("return window.h3directorPanel.polls") > first + 2)
+
+    client_id = driver.execute_script("return window.name || sessionStorage.getItem('clientId')")
+    assert client_id
+    prompt_id = _post_json(f"{panel_server['url']}/prompt",
+                           {"prompt": _hold_workflow(), "client_id": client_id})["prompt_id"]
+    _wait("the running node in the panel", lambda: HOLD_TITLE in _text(driver, "#h3d-running"), timeout=300)
+    held_rss = _wait("the held memory in the panel", lambda: [
+        int(v) for v in _attributes(driver, ".h3d-host", "data-rss") if int(v) > rss + 200 * 1024 * 1024], timeout=30)
+    assert held_rss
+    _wait("a few samples with the node marked", lambda: driver.execute_script(
+        "return window.h3directorPanel.points.filter(p => p.node && p.node.includes(arguments[0])).length >= 6",
+        HOLD_TITLE), timeout=60)
+    shot = tmp_path / "panel.png"
+    driver.save_screenshot(str(shot))
+    if os.environ.get("H3DIRECTOR_PANEL_SCREENSHOT"):
+        shutil.copy(shot, os.environ["H3DIRECTOR_PANEL_SCREENSHOT"])
+
+    def finished():
+        status, body = _get(f"{panel_server['url']}/history/{prompt_id}")
+        return status == 200 and prompt_id in json.loads(body)
+
+    _wait("the prompt to finish", finished, timeout=300, step=0.5)
+    _wait("the panel to show idle", lambda: _text(driver, "#h3d-running") == "idle")
+    marked = driver.execute_script("return window.h3directorPanel.points.map(p => p.node)")
+    assert any(name and HOLD_TITLE in name for name in marked), sorted({str(n) for n in marked})
+    states = _attributes(driver, '.h3d-heatmap[data-device="cpu"] [data-state]', "data-state")
+    assert states.count("free") + states.count("leased") == POOL_SLOTS, states
+    assert "fallbacks" in _text(driver, "#h3d-pools")
+
+
+# In-process checks of the route's switches and inputs (ComfyUI stubs; no server, no browser).
+
+def test_monitor_off_is_said_and_live_parts_are_null():
+    from comfy_harness.loader import install_stubs
+
+    install_stubs()
+    from h3director.comfy.routes import stats_payload
+    from h3director.core.config import validate_config
+
+    off = stats_payload(5, validate_config({"monitor": {"enable_monitor": False}}))
+    assert off["monitor"]["enabled"] is False and "monitor.enable_monitor is false" in off["monitor"]["reason"]
+    assert off["now"] is None and off["pools"] is None and off["allocator"] is None
+    on = stats_payload(5, validate_config({"monitor": {"enable_monitor": True, "show_pool_usage": False}}))
+    assert on["monitor"]["reason"] is None and on["now"][0]["device"] == "host" and on["now"][0]["rss_bytes"] > 0
+    assert on["pools"] is None and on["allocator"] == {}          # CPU only: no caching allocator
+    assert on["schema"] == 1 and on["running"] is None            # outside ComfyUI nothing runs
+
+
+def test_unknown_query_parameter_is_refused():
+    from h3director.comfy.routes import STATS_QUERY, check_query_names
+    from h3director.errors import InvalidInputError
+
+    check_query_names({"samples": "3"}, STATS_QUERY)
+    with pytest.raises(InvalidInputError, match="unknown query parameter 'sample'; this route takes samples"):
+        check_query_names({"sample": "3"}, STATS_QUERY)
