@@ -142,17 +142,32 @@ def _text_cache() -> dict[str, int]:
     return text_cache_stats()
 
 
+def _prompt_server() -> Any:
+    try:
+        from server import PromptServer
+    except ImportError:
+        return None
+    return getattr(PromptServer, "instance", None)
+
+
+def prompt_node(prompt_id: str, node_id: str, server: Any = None) -> dict[str, Any] | None:
+    """The node ``node_id`` of the running prompt ``prompt_id`` (its dict in the API prompt), or None."""
+    queue = getattr(server or _prompt_server(), "prompt_queue", None)
+    if queue is None:
+        return None
+    for item in queue.get_current_queue_volatile()[0]:
+        if str(item[1]) == str(prompt_id) and isinstance(item[2], dict):
+            node = item[2].get(str(node_id))
+            return node if isinstance(node, dict) else None
+    return None
+
+
 def running_node(server: Any = None) -> dict[str, Any] | None:
     """The node ComfyUI executes now, from its `PromptServer` (None when idle or outside ComfyUI).
 
     ComfyUI records the node it executes only for prompts queued with a client_id (the page does so).
     """
-    if server is None:
-        try:
-            from server import PromptServer
-        except ImportError:
-            return None
-        server = getattr(PromptServer, "instance", None)
+    server = server or _prompt_server()
     queue = getattr(server, "prompt_queue", None)
     if queue is None:
         return None

@@ -7,6 +7,12 @@ COMMAND's (128 + N when a signal N killed it). The report is written whatever th
 ``--out`` can take it (a folder, created if missing, that a file can be written into, with no
 folder in the way of a report file) is checked before COMMAND starts.
 
+With ``--ops`` (COMMAND must be ``python SCRIPT ...``, ``python -m MODULE ...`` or ``python -c CODE``)
+the program runs under an op and transfer log (`h3director.core.transfers`, installed in the child
+interpreter by `h3director.commands.ops_runner`): host<->device copies, synchronising calls and CPU ops
+per phase, written to ``ops.json`` and printed as a table of each phase's worst offenders. The log
+needs to run inside the interpreter, so other commands are refused with ``--ops``.
+
 Without COMMAND, ``--synthetic`` runs a built-in workload in this process (phases that load,
 sample, decode and free known amounts of memory) to show what a report looks like.
 """
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--synthetic", action="store_true",
                         help="run the built-in synthetic workload instead of a command")
     parser.add_argument("--no-plot", action="store_true", help="skip timeline.png")
+    parser.add_argument("--ops", action="store_true",
+                        help="also log host<->device copies, synchronising calls and CPU ops (a Python COMMAND only)")
+    parser.add_argument("--ops-device", default=None, metavar="DEV",
+                        help="the job's device for --ops (default: cuda, else mps, else cpu, as the child sees them)")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                         help="the command to run, after --")
 
@@ -94,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
+    if args.ops and args.synthetic:
+        raise InvalidInputError("--ops logs a Python command's ops; the synthetic workload has none (numpy only)")
     if bool(command) == bool(args.synthetic):
         raise InvalidInputError("give either a command after '--' (h3director monitor -- python train.py) or --synthetic")
     budget = parse_size(args.budget, binary_gb=True) if args.budget else None
@@ -107,9 +120,12 @@ def run(args: argparse.Namespace) -> int:
         report = monitor.report({"command": "synthetic workload", "exit_code": 0})
         return _write(report, out, args.no_plot, exit_code=0)
 
+    env = None
+    if args.ops:
+        command, env = ops_command(command, out / "ops.json", args.ops_device)
     monitor = Monitor(interval_ms=interval, devices=(), budget_bytes=budget)
     try:
-        child = subprocess.Popen(command)
+        child = subprocess.Popen(command, env=env)
     except OSError as exc:
         print(f"h3director monitor: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
         return 127
@@ -139,7 +155,47 @@ def run(args: argparse.Namespace) -> int:
                 "largest_process_peak_rss_bytes": tree.largest_peak_rss_bytes(),
                 "kernel_children_maxrss_bytes": _kernel_children_maxrss()}
     report = monitor.report(metadata)
+    if args.ops:
+        _print_ops(out / "ops.json")
     return _write(report, out, args.no_plot, exit_code=code)
+
+
+PYTHON_NAME = re.compile(r"python[0-9.]*(\.exe)?$")
+
+
+def ops_command(command: list[str], ops_json: Path, device: str | None) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment that run a Python ``command`` under the ops runner.
+
+    Refuses (`InvalidInputError`) a command that is not ``python SCRIPT|-m MODULE|-c CODE ...``: the log
+    hooks into the interpreter, so it cannot follow other programs.
+    """
+    from h3director.errors import InvalidInputError
+
+    python = len(command) >= 2 and PYTHON_NAME.search(Path(command[0]).name) is not None
+    if not python or (command[1] in ("-m", "-c") and len(command) < 3) or \
+            (command[1].startswith("-") and command[1] not in ("-m", "-c")):
+        raise InvalidInputError(f"--ops needs a Python command (python SCRIPT ..., python -m MODULE ..., python -c "
+                                f"CODE): the op log runs inside the interpreter; got {' '.join(command)!r}")
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    runner = [command[0], "-m", "h3director.commands.ops_runner", "--out", str(ops_json)]
+    if device:
+        runner += ["--device", device]
+    return [*runner, "--", *command[1:]], env
+
+
+def _print_ops(ops_json: Path) -> None:
+    import json
+
+    from h3director.core.transfers import format_table
+
+    if not ops_json.is_file():
+        print(f"h3director monitor: no op log at {ops_json} (the program did not get to start?)", file=sys.stderr)
+        return
+    table = format_table(json.loads(ops_json.read_text()))
+    (ops_json.parent / "ops.txt").write_text(table + "\n")
+    print(table)
 
 
 def _forward_sigterm(child: subprocess.Popen):
