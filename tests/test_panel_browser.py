@@ -61,10 +61,10 @@ def browser_ready():
 
 
 @pytest.fixture(scope="module")
-def panel_server(browser_ready, tmp_path_factory):
+def panel_server(tmp_path_factory):
     python = os.environ.get("COMFYUI_PYTHON", sys.executable)
     base = tmp_path_factory.mktemp("comfy-panel-base")
-    for folder in ("custom_nodes", "models/vae", "input", "output", "temp", "user"):
+    for folder in ("custom_nodes", "models/vae", "input", "output", "temp", "user", "web"):
         (base / folder).mkdir(parents=True)
     (base / "custom_nodes" / "H3-Director").symlink_to(REPO, target_is_directory=True)
     vae_nodes = base / "custom_nodes" / "h3director_test_nodes"
@@ -92,7 +92,7 @@ def panel_server(browser_ready, tmp_path_factory):
                H3_MONITOR__UPDATE_INTERVAL_MS="250", H3_PRE_ALLOCATED_POOL_MB="1024", H3_POOL_SLOT_MB="16")
     server = subprocess.Popen(
         [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port), "--base-directory", str(base),
-         "--disable-auto-launch", "--front-end-root", str(FRONTEND)],
+         "--disable-auto-launch", "--front-end-root", str(FRONTEND if FRONTEND.is_dir() else base / "web")],
         cwd=COMFYUI_DIR, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -237,6 +237,42 @@ def test_panel_shows_live_memory_and_marks_the_running_node(panel_server, driver
     states = _attributes(driver, '.h3d-heatmap[data-device="cpu"] [data-state]', "data-state")
     assert states.count("free") + states.count("leased") == POOL_SLOTS, states
     assert "fallbacks" in _text(driver, "#h3d-pools")
+
+
+@pytest.mark.comfyui
+@pytest.mark.slow
+@pytest.mark.skipif(not COMFYUI_DIR, reason=why_unavailable())
+def test_monitor_ops_log_toggle_names_the_nodes(panel_server):
+    """Monitor Start with ops_log on: Stop's summary has the op table, phases named by the executing node
+    (the hold node's `int(sum)` is a synchronising call; ComfyUI runs on the CPU, the job's device here)."""
+    workflow = {
+        "1": {"class_type": "LoadLatent", "inputs": {"latent": "panel.latent"}},
+        "2": {"class_type": "VAELoader", "inputs": {"vae_name": "h3_tiny_video.safetensors"}},
+        "3": {"class_type": "H3DirectorMonitorStart", "inputs": {
+            "interval_ms": 100, "label": "ops", "trigger": ["1", 0], "ops_log": True}},
+        "4": {"class_type": "H3DirectorDecodeAVStreaming", "inputs": {
+            "samples": ["3", 1], "vae": ["2", 0], "output": "images", "filename_prefix": "ops", "fps": 24.0,
+            "crf": 18}},
+        "5": {"class_type": "H3TestHoldMemory", "inputs": {"image": ["4", 0], "mib": 8, "seconds": 0.0}},
+        "6": {"class_type": "H3DirectorMonitorStop", "inputs": {"monitor": ["3", 0], "trigger": ["5", 0]}},
+    }
+    prompt_id = _post_json(f"{panel_server['url']}/prompt", {"prompt": workflow, "client_id": "h3-ops"})["prompt_id"]
+
+    def entry():
+        status, body = _get(f"{panel_server['url']}/history/{prompt_id}")
+        return json.loads(body).get(prompt_id) if status == 200 else None
+
+    done = _wait("the ops prompt to finish", entry, timeout=300, step=0.5)
+    assert done["status"]["status_str"] == "success", json.dumps(done["status"])[:3000]
+    summary = done["outputs"]["6"]["text"][0]
+    assert "op and transfer log (job device cpu)" in summary
+    assert any(line.strip().startswith("#5 H3TestHoldMemory") and "sync" in line for line in summary.splitlines()), \
+        summary
+    again = _post_json(f"{panel_server['url']}/prompt", {"prompt": _hold_workflow() | {"4": {
+        "class_type": "H3TestHoldMemory", "inputs": {"image": ["3", 0], "mib": 8, "seconds": 0.0}}},
+        "client_id": "h3-ops"})["prompt_id"]
+    prompt_id = again
+    assert _wait("a prompt without the log", entry, timeout=300, step=0.5)["status"]["status_str"] == "success"
 
 
 # In-process checks of the route's switches and inputs (ComfyUI stubs; no server, no browser).

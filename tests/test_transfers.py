@@ -72,6 +72,11 @@ def test_synchronising_calls_are_recorded():
     assert ops["aten::nonzero"] == 1 and ops["aten::masked_select"] == 1 and ops["aten::index"] == 1
     assert ops["aten::repeat_interleave"] == 1
     assert any("unique" in op for op in ops)
+    with log, log.phase("inference"), torch.inference_mode():   # ComfyUI runs nodes in inference mode
+        torch.ones(3)[0].item()
+        torch.ones(3).to("meta")
+    assert [r.op for r in _rows(log, phase="inference", kind="sync")] == ["aten::item"]
+    assert [r.bytes for r in _rows(log, phase="inference", kind="h2d")] == [12]
 
 
 def test_cpu_ops_count_only_when_the_job_device_is_not_the_cpu():

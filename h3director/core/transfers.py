@@ -10,7 +10,8 @@ that this thread dispatches passes through it, and it counts, per phase (the inn
   tensor (elements x element size). ``.to()``, ``.cpu()``, ``.cuda()`` and ``tensor.copy_(other)`` all
   arrive here; a ``.to()`` to the device a tensor is already on is not an op and is not counted.
 - ``sync`` (bytes: the input the host waits for): calls that make the host wait for the device when their input lives on an accelerator:
-  ``_local_scalar_dense`` (``.item()``, ``bool(t)``, ``int(t)``, ``float(t)``), ``nonzero``,
+  ``_local_scalar_dense`` (``.item()``, ``bool(t)``, ``int(t)``, ``float(t)``; ``item`` itself under
+  ``torch.inference_mode``, where it is not decomposed before this mode sees it), ``nonzero``,
   ``masked_select``, ``unique`` variants, ``repeat_interleave`` without ``output_size``, boolean-mask
   indexing (``t[mask]``), ``equal``, ``is_nonzero``. They are recorded on any device, with the device
   in the row, so a CPU rehearsal shows where a GPU run would wait; a ``d2h`` copy also waits.
@@ -50,7 +51,7 @@ from h3director.units import format_size
 KINDS = ("h2d", "d2h", "d2d", "sync", "cpu_op", "cpu_fallback")
 COPY_OPS = frozenset({"aten::_to_copy", "aten::copy_", "aten::_copy_from", "aten::_copy_from_and_resize",
                       "aten::to", "aten::copy"})
-SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::_unique",
+SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::masked_select", "aten::_unique",
                       "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive", "aten::equal",
                       "aten::is_nonzero", "aten::argwhere"})
 FALLBACK_WARNING = re.compile(r"operator '([^']+)' is not currently supported on the (\w+) backend and will fall "
@@ -180,7 +181,7 @@ class TransferLog(TorchDispatchMode):
         inputs = _tensors((args, kwargs))
         outputs = _tensors(out)
         if name in COPY_OPS:
-            if name == "aten::_to_copy" and inputs and outputs:
+            if name in ("aten::_to_copy", "aten::to") and inputs and outputs:
                 source, target = inputs[0], outputs[0]
             elif len(inputs) >= 2:          # copy_(self=target, src=source) and friends
                 source, target = inputs[1], inputs[0]
