@@ -55,7 +55,10 @@ function nodeName(id) {
 }
 
 function onExecuting(event) {
-  const id = event.detail == null ? null : String(event.detail);
+  // Frontend 1.x passes the node id (display node first); older ones passed {node, display_node}.
+  const detail = event.detail;
+  const raw = detail && typeof detail === "object" ? (detail.display_node ?? detail.node) : detail;
+  const id = raw == null ? null : String(raw);
   state.node = id;
   state.nodeName = nodeName(id);
   draw();
