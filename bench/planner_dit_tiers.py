@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
 import torch  # noqa: E402
+from comfy_harness.vendored import use_prepared_comfyui, why_no_h3_comfyui  # noqa: E402
 from dit_tier_cases import (  # noqa: E402
     comfy_root,
     dit_shape_comfy,
@@ -31,6 +32,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 def main() -> None:
     warnings.simplefilter("ignore")
+    use_prepared_comfyui()          # COMFYUI_DIR, else the vendored tree scripts/setup.sh prepared
+    if comfy_root() is None:
+        print(f"# ComfyUI rows left out: {why_no_h3_comfyui()}", file=sys.stderr)
     print(f"# DiT block ledgers per tier, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {ROWS} rows, "
           f"hidden 64, 4 heads x 16, FFN 160")
     print("| framework | tier | dtype | measured peak (B) | ledger (B) | error |")

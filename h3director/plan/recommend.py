@@ -4,8 +4,9 @@ Search order (first fit wins; exact savings before ones that cost speed, speed b
 
 1. text encoder: on the accelerator in bf16, fp8, GGUF Q4_K_M; else on the CPU (host RAM);
 2. DiT: weights format from best to most compressed (bf16, fp8, int8, q8_0, q5_k, q4_k_m, nf4; or the
-   one the user fixed); for each, attention head / FFN chunking (exact, a little slower), then block
-   offload of 0..50 blocks (exact, slower: each step streams the offloaded blocks over the bus);
+   one the user fixed); for each, the least attention head / FFN chunking that fits with the DiT resident
+   (exact, about as fast); else block offload of 0..50 blocks (exact, slower: each step streams the
+   offloaded blocks over the bus) with the chunking that needs the fewest offloaded blocks;
 3. decode: the reference tiled path, else streamed tiling with 4, 2, 1 tiles per call; the sink
    uint8 frames if the whole video fits host RAM, else memmap / video file;
 4. if no setting fits the whole length: long-form generation in chunks on the 17n+5 grid, each
@@ -242,25 +243,39 @@ def _chunkings(shape: DiTShape) -> tuple[tuple[int, int], ...]:
     return tuple((heads, ffn) for heads, ffn in CHUNKINGS if shape.heads % heads == 0)
 
 
+def _fewest_offloaded(base: PlanRequest, budget: Budget, blocks: int) -> PlanRequest | None:
+    """`base` with the fewest offloaded DiT blocks whose sampling phase fits (None if even all do not)."""
+    if not _phase_fits(budget, estimate(_replace(base, offload_blocks=blocks)), "sampling"):
+        return None
+    low, high = 0, blocks                          # monotone in the count: bisection
+    while low < high:
+        mid = (low + high) // 2
+        if _phase_fits(budget, estimate(_replace(base, offload_blocks=mid)), "sampling"):
+            high = mid
+        else:
+            low = mid + 1
+    return _replace(base, offload_blocks=low)
+
+
 def _choose_dit(request: PlanRequest, budget: Budget, formats: Sequence[str]) -> PlanRequest | None:
+    """Per weights format, in order: the least chunking that fits with the DiT resident; else, since
+    offloaded blocks cross the bus every step while the chunked tiers are exact and cost little time,
+    the chunking that needs the fewest offloaded blocks (the less chunked one on a tie)."""
     shape = DiTShape.from_config(request.dit_config)
-    blocks = shape.layers
+    chunkings = _chunkings(shape)
     for fmt in formats:
-        for heads, ffn in _chunkings(shape):
-            base = _replace(request, weights=fmt, head_chunks=heads, ffn_chunks=ffn, offload_blocks=0)
+        bases = [_replace(request, weights=fmt, head_chunks=heads, ffn_chunks=ffn, offload_blocks=0)
+                 for heads, ffn in chunkings]
+        for base in bases:
             if _phase_fits(budget, estimate(base), "sampling"):
                 return base
-            full = _replace(base, offload_blocks=blocks)
-            if not _phase_fits(budget, estimate(full), "sampling"):
-                continue
-            low, high = 0, blocks                  # fewest offloaded blocks that fit (monotone in the count)
-            while low < high:
-                mid = (low + high) // 2
-                if _phase_fits(budget, estimate(_replace(base, offload_blocks=mid)), "sampling"):
-                    high = mid
-                else:
-                    low = mid + 1
-            return _replace(base, offload_blocks=low)
+        best = None
+        for base in bases:
+            candidate = _fewest_offloaded(base, budget, shape.layers)
+            if candidate is not None and (best is None or candidate.offload_blocks < best.offload_blocks):
+                best = candidate
+        if best is not None:
+            return best
     return None
 
 
