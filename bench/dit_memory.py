@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/dit_memory.py [--rows 8192 16384] [--framework diffusers comfy]
         [--tiers stock lifetime ffn8 h4f8 h8f16] [--threads 2] [--repeats 1] [--json out.json]
-    .venv/bin/python bench/dit_memory.py --table-from out.json    # reprint, ledger recomputed
+        [--diffusers-grad-mode no_grad|inference_mode]
+    .venv/bin/python bench/dit_memory.py --table-from out.json [more.json] [--memory-only]   # reprint
 
 One block of H3's DiT at its released width (hidden 5376, 56 heads x 128, SwiGLU FFN 14336, AdaLN
 over time_embed_dim 2688), random init, bfloat16, on the CPU, over a packed sequence of `--rows` rows
@@ -207,17 +208,23 @@ def measure(runner, rows: int, tiers: list[str], repeats: int = 1) -> list[dict]
     return results
 
 
-def table(results: list[dict]) -> str:
-    lines = ["| framework | rows | tier | peak MiB | x stock | ledger MiB | ledger error | wall s | x stock | "
-             "torch.equal |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+def table(results: list[dict], wall: bool = True) -> str:
+    """Markdown table of `results`; `wall=False` leaves the time columns out."""
+    if not wall:
+        results = [{**r, "wall_s": None} for r in results]
+    head = "| framework | rows | tier | peak MiB | x stock | ledger MiB | ledger error |"
+    rule = "|---|---:|---|---:|---:|---:|---:|"
+    if wall:
+        head, rule = head + " wall s | x stock |", rule + "---:|---:|"
+    lines = [head + " torch.equal |", rule + "---|"]
     for r in results:
         stock = next(s for s in results if s["framework"] == r["framework"] and s["rows"] == r["rows"]
                      and s["tier"] == "stock")
         error = (r["ledger_bytes"] - r["peak_bytes"]) / r["peak_bytes"]
+        times = f" {r['wall_s']:.1f} | {r['wall_s'] / stock['wall_s']:.2f} |" if wall else ""
         lines.append(f"| {r['framework']} | {r['rows']:,} | {r['describe']} | {r['peak_bytes'] / 2**20:,.1f} | "
                      f"{r['peak_bytes'] / stock['peak_bytes']:.2f} | {r['ledger_bytes'] / 2**20:,.1f} | "
-                     f"{error:+.1%} | {r['wall_s']:.1f} | {r['wall_s'] / stock['wall_s']:.2f} | "
-                     f"{'yes' if r['equal'] else 'NO'} |")
+                     f"{error:+.1%} |{times} {'yes' if r['equal'] else 'NO'} |")
     return "\n".join(lines)
 
 
@@ -229,19 +236,23 @@ def main(argv=None) -> int:
                                                                              "h8f16"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1, help="calls per tier; wall = the fastest (peak: the first)")
+    parser.add_argument("--diffusers-grad-mode", choices=["no_grad", "inference_mode"], default="no_grad",
+                        help="grad mode of the diffusers block (default: no_grad, as its pipelines call it)")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--table-from", type=Path, help="reprint the table of an earlier --json run, with the "
-                        "ledger recomputed by the current planner")
+    parser.add_argument("--table-from", type=Path, nargs="+", help="reprint the table of earlier --json runs, "
+                        "with the ledger recomputed by the current planner")
+    parser.add_argument("--memory-only", action="store_true", help="with --table-from: leave the time columns out")
     args = parser.parse_args(argv)
     if args.table_from:
-        results = json.loads(args.table_from.read_text())
+        results = [r for path in args.table_from for r in json.loads(path.read_text())]
         for r in results:
             r["ledger_bytes"] = ledger_bytes(r["framework"], r["rows"], TIERS[r["tier"]])
-        print(table(results))
+        print(table(results, wall=not args.memory_only))
         return 0 if all(r["equal"] for r in results) else 1
     if args.tiers[0] != "stock":
         parser.error("the first tier must be stock (ratios and torch.equal are against it)")
     torch.set_num_threads(args.threads)
+    DiffusersRunner.grad_mode = staticmethod(getattr(torch, args.diffusers_grad_mode))
     print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, torch {torch.__version__}, "
           f"{platform.processor() or platform.machine()}, {args.threads} threads", flush=True)
     results = []
