@@ -210,8 +210,6 @@ def measure(runner, rows: int, tiers: list[str], repeats: int = 1) -> list[dict]
 
 def table(results: list[dict], wall: bool = True) -> str:
     """Markdown table of `results`; `wall=False` leaves the time columns out."""
-    if not wall:
-        results = [{**r, "wall_s": None} for r in results]
     head = "| framework | rows | tier | peak MiB | x stock | ledger MiB | ledger error |"
     rule = "|---|---:|---|---:|---:|---:|---:|"
     if wall:
