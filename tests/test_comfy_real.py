@@ -19,17 +19,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
-import uuid
 from pathlib import Path
 
 import pytest
 import torch
+from comfy_harness.server import HARNESS, comfyui_server, prepare_base, submit, write_tiny_vae_weights
+from comfy_harness.server import http_get as _get
 from comfy_harness.vendored import why_unavailable
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,103 +40,27 @@ pytestmark = [
 BIT_IDENTITY_LATENTS = {"one_clip": ((7, 8, 8), (22, 128, 128), 1),
                         "two_clips_two_tiles": ((12, 8, 24), (39, 128, 384), 2),
                         "one_latent_frame": ((1, 8, 8), (1, 128, 128), 1)}
-START_TIMEOUT_S = 180
-PROMPT_TIMEOUT_S = 300
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=30) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read()
-
-
-def _post_json(url: str, body: dict) -> dict:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        raise AssertionError(f"POST {url} -> {error.code}: {error.read().decode()[:2000]}") from error
-
-
 @pytest.fixture(scope="module")
 def comfy(tmp_path_factory):
-    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
-    base = tmp_path_factory.mktemp("comfy-base")
-    for folder in ("custom_nodes", "models/vae", "input", "output", "temp", "user", "web"):
-        (base / folder).mkdir(parents=True)
-    (base / "custom_nodes" / "H3-Director").symlink_to(REPO, target_is_directory=True)
+    base = prepare_base(tmp_path_factory.mktemp("comfy-base"), ["models/vae"],
+                        {"h3director_test_nodes": HARNESS / "real_node"})
     test_nodes = base / "custom_nodes" / "h3director_test_nodes"
-    test_nodes.mkdir()
-    shutil.copy(REPO / "tests/comfy_harness/real_node/__init__.py", test_nodes / "__init__.py")
-    shutil.copy(REPO / "tests/comfy_harness/real_comfy.py", test_nodes / "real_comfy.py")
-    make_weights = (
-        f"import sys; sys.path.insert(0, {COMFYUI_DIR!r}); sys.path.insert(0, {str(test_nodes)!r});"
-        "sys.argv = ['main.py', '--cpu']; import comfy.options; comfy.options.enable_args_parsing();"
-        "import real_comfy;"
-        f"real_comfy.write_tiny_weights({str(base / 'models/vae/h3_tiny_video.safetensors')!r},"
-        f" {str(base / 'models/vae/h3_tiny_audio.safetensors')!r})"
-    )
-    subprocess.run([python, "-c", make_weights], check=True, cwd=COMFYUI_DIR, timeout=300)
+    shutil.copy(HARNESS / "real_comfy.py", test_nodes / "real_comfy.py")
+    write_tiny_vae_weights(base, test_nodes)
     import safetensors.torch
 
     for name, (t, h, w) in [("h3_video", (7, 8, 8))] + [(k, v[0]) for k, v in BIT_IDENTITY_LATENTS.items()]:
         latent = torch.randn(1, 24, t, h, w, generator=torch.Generator().manual_seed(11))
         safetensors.torch.save_file({"latent_tensor": latent, "latent_format_version_0": torch.tensor([])},
                                     str(base / "input" / f"{name}.latent"))
-
-    port = _free_port()
-    log = open(base / "comfyui.log", "w")  # noqa: SIM115 - closed in the finalizer below
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    server = subprocess.Popen(
-        [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port), "--base-directory", str(base),
-         "--disable-auto-launch", "--front-end-root", str(base / "web")],
-        cwd=COMFYUI_DIR, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            break
-        try:
-            if _get(f"{url}/system_stats")[0] == 200:
-                break
-        except OSError:
-            time.sleep(1)
-    else:
-        server.kill()
-    if server.poll() is not None:
-        log.close()
-        pytest.fail("ComfyUI did not start:\n" + (base / "comfyui.log").read_text()[-4000:])
-    yield {"url": url, "base": base}
-    server.terminate()
-    try:
-        server.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        server.kill()
-    log.close()
+    with comfyui_server(base) as server:
+        yield server
 
 
 def _run(comfy, workflow: dict) -> dict:
-    client = str(uuid.uuid4())
-    prompt_id = _post_json(f"{comfy['url']}/prompt", {"prompt": workflow, "client_id": client})["prompt_id"]
-    deadline = time.monotonic() + PROMPT_TIMEOUT_S
-    while time.monotonic() < deadline:
-        status, body = _get(f"{comfy['url']}/history/{prompt_id}")
-        history = json.loads(body) if status == 200 else {}
-        if prompt_id in history:
-            entry = history[prompt_id]
-            assert entry["status"]["status_str"] == "success", json.dumps(entry["status"])[:4000]
-            return entry["outputs"]
-        time.sleep(0.5)
-    raise AssertionError("prompt did not finish:\n" + (comfy["base"] / "comfyui.log").read_text()[-4000:])
+    entry = submit(comfy, workflow)
+    assert entry["status"]["status_str"] == "success", json.dumps(entry["status"])[:4000]
+    return entry["outputs"]
 
 
 def _tensors(comfy, name: str) -> dict:

@@ -17,15 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from test_comfy_real import PROMPT_TIMEOUT_S, START_TIMEOUT_S, _free_port, _get, _post_json
+from comfy_harness.server import HARNESS, comfyui_server, prepare_base, submit, write_tiny_dit_checkpoint
+from comfy_harness.server import http_get as _get
 
 REPO = Path(__file__).resolve().parents[1]
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
@@ -38,60 +35,16 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def comfy(tmp_path_factory):
-    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
-    base = tmp_path_factory.mktemp("comfy-dit-base")
-    for folder in ("custom_nodes", "models/diffusion_models", "input", "output", "temp", "user", "web"):
-        (base / folder).mkdir(parents=True)
-    (base / "custom_nodes" / "H3-Director").symlink_to(REPO, target_is_directory=True)
-    shutil.copytree(REPO / "tests/comfy_harness/dit_real_node", base / "custom_nodes" / "h3director_dit_test_nodes")
-    weights = base / "models" / "diffusion_models" / "h3_tiny_dit.safetensors"
-    make_weights = (
-        f"import sys; sys.path.insert(0, {str(REPO / 'tests' / 'comfy_harness')!r}); import dit_worker;"
-        f"h3 = dit_worker.import_comfy({COMFYUI_DIR!r}); import safetensors.torch;"
-        "sd = {k: v.contiguous() for k, v in dit_worker.tiny_state_dict(h3).items()};"
-        f"safetensors.torch.save_file(sd, {str(weights)!r})"
-    )
-    subprocess.run([python, "-c", make_weights], check=True, cwd=REPO, timeout=300,
-                   env=dict(os.environ, PYTHONPATH=str(REPO)))
-    port = _free_port()
-    log_path = base / "comfyui.log"
-    log = open(log_path, "w")  # noqa: SIM115 - closed after the server stops
-    server = subprocess.Popen(
-        [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port), "--base-directory", str(base),
-         "--disable-auto-launch", "--front-end-root", str(base / "web"), "--use-pytorch-cross-attention"],
-        cwd=COMFYUI_DIR, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline and server.poll() is None:
-        try:
-            if _get(f"{url}/system_stats")[0] == 200:
-                break
-        except OSError:
-            time.sleep(1)
-    if server.poll() is not None or time.monotonic() >= deadline:
-        server.kill()
-        log.close()
-        pytest.fail("ComfyUI did not start:\n" + log_path.read_text()[-4000:])
-    yield {"url": url, "base": base, "log": log_path}
-    server.terminate()
-    try:
-        server.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        server.kill()
-    log.close()
+    base = prepare_base(tmp_path_factory.mktemp("comfy-dit-base"), ["models/diffusion_models"],
+                        {"h3director_dit_test_nodes": HARNESS / "dit_real_node"})
+    write_tiny_dit_checkpoint(base)
+    with comfyui_server(base, extra_args=["--use-pytorch-cross-attention"]) as server:
+        yield server
 
 
 def _submit(comfy, workflow: dict) -> dict:
     """The prompt's history entry once it finished (success or error)."""
-    prompt_id = _post_json(f"{comfy['url']}/prompt", {"prompt": workflow, "client_id": "h3-dit-test"})["prompt_id"]
-    deadline = time.monotonic() + PROMPT_TIMEOUT_S
-    while time.monotonic() < deadline:
-        status, body = _get(f"{comfy['url']}/history/{prompt_id}")
-        history = json.loads(body) if status == 200 else {}
-        if prompt_id in history:
-            return history[prompt_id]
-        time.sleep(0.5)
-    raise AssertionError("prompt did not finish:\n" + comfy["log"].read_text()[-4000:])
+    return submit(comfy, workflow, client_id="h3-dit-test")
 
 
 def _workflow(head_chunks: int, ffn_chunks: int) -> dict:

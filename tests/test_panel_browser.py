@@ -22,14 +22,15 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from comfy_harness.server import HARNESS, comfyui_server, prepare_base, write_tiny_vae_weights
+from comfy_harness.server import http_get as _get
+from comfy_harness.server import post_json as _post_json
 from comfy_harness.vendored import why_unavailable
-from test_comfy_real import START_TIMEOUT_S, _free_port, _get, _post_json
 
 REPO = Path(__file__).resolve().parents[1]
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
@@ -62,57 +63,21 @@ def browser_ready():
 
 @pytest.fixture(scope="module")
 def panel_server(tmp_path_factory):
-    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
-    base = tmp_path_factory.mktemp("comfy-panel-base")
-    for folder in ("custom_nodes", "models/vae", "input", "output", "temp", "user", "web"):
-        (base / folder).mkdir(parents=True)
-    (base / "custom_nodes" / "H3-Director").symlink_to(REPO, target_is_directory=True)
+    base = prepare_base(tmp_path_factory.mktemp("comfy-panel-base"), ["models/vae"],
+                        {"h3director_test_nodes": HARNESS / "real_node",
+                         "h3director_panel_nodes": HARNESS / "panel_real_node"})
     vae_nodes = base / "custom_nodes" / "h3director_test_nodes"
-    vae_nodes.mkdir()
-    shutil.copy(REPO / "tests/comfy_harness/real_node/__init__.py", vae_nodes / "__init__.py")
-    shutil.copy(REPO / "tests/comfy_harness/real_comfy.py", vae_nodes / "real_comfy.py")
-    shutil.copytree(REPO / "tests/comfy_harness/panel_real_node", base / "custom_nodes" / "h3director_panel_nodes")
-    make_weights = (
-        f"import sys; sys.path.insert(0, {COMFYUI_DIR!r}); sys.path.insert(0, {str(vae_nodes)!r});"
-        "sys.argv = ['main.py', '--cpu']; import comfy.options; comfy.options.enable_args_parsing();"
-        "import real_comfy;"
-        f"real_comfy.write_tiny_weights({str(base / 'models/vae/h3_tiny_video.safetensors')!r},"
-        f" {str(base / 'models/vae/h3_tiny_audio.safetensors')!r})"
-    )
-    subprocess.run([python, "-c", make_weights], check=True, cwd=COMFYUI_DIR, timeout=300)
+    shutil.copy(HARNESS / "real_comfy.py", vae_nodes / "real_comfy.py")
+    write_tiny_vae_weights(base, vae_nodes)
     import safetensors.torch
 
     latent = torch.randn(1, 24, 12, 8, 24, generator=torch.Generator().manual_seed(5))
     safetensors.torch.save_file({"latent_tensor": latent, "latent_format_version_0": torch.tensor([])},
                                 str(base / "input" / "panel.latent"))
-    port = _free_port()
-    log_path = base / "comfyui.log"
-    log = open(log_path, "w")  # noqa: SIM115 - closed after the server stops
-    env = dict(os.environ, PYTHONUNBUFFERED="1", H3_MONITOR__ENABLE_MONITOR="true",
-               H3_MONITOR__UPDATE_INTERVAL_MS="250", H3_PRE_ALLOCATED_POOL_MB="1024", H3_POOL_SLOT_MB="16")
-    server = subprocess.Popen(
-        [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port), "--base-directory", str(base),
-         "--disable-auto-launch", "--front-end-root", str(FRONTEND if FRONTEND.is_dir() else base / "web")],
-        cwd=COMFYUI_DIR, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline and server.poll() is None:
-        try:
-            if _get(f"{url}/system_stats")[0] == 200:
-                break
-        except OSError:
-            time.sleep(1)
-    if server.poll() is not None or time.monotonic() >= deadline:
-        server.kill()
-        log.close()
-        pytest.fail("ComfyUI did not start:\n" + log_path.read_text()[-4000:])
-    yield {"url": url, "base": base, "log": log_path}
-    server.terminate()
-    try:
-        server.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        server.kill()
-    log.close()
+    env = {"H3_MONITOR__ENABLE_MONITOR": "true", "H3_MONITOR__UPDATE_INTERVAL_MS": "250",
+           "H3_PRE_ALLOCATED_POOL_MB": "1024", "H3_POOL_SLOT_MB": "16"}
+    with comfyui_server(base, env=env, front_end_root=FRONTEND if FRONTEND.is_dir() else None) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
