@@ -186,8 +186,10 @@ def _attention(attn, plan: DiTMemoryPlan, hold: list, rope_freqs, transformer_op
             state["qkv"] = attn.qkv_proj(hold.pop())
         else:
             weights = _Weights(attn.qkv_proj, kind, hold[0])
-            state["qkv"] = F.linear(hold.pop(), weights.weight, weights.bias)
-            weights.release()
+            try:
+                state["qkv"] = F.linear(hold.pop(), weights.weight, weights.bias)
+            finally:
+                weights.release()
     else:
         weights = _Weights(attn.qkv_proj, kind, hold[0])
     single = plan.head_chunks == 1 and len(row_ranges(rows, plan.query_chunks, QUERY_ALIGN)) == 1
@@ -250,7 +252,12 @@ def _ffn(block, plan: DiTMemoryPlan, x, shift, scale, gate, segments, kept: set[
                 kept.add(f"mlp.{name} ({reason}): FFN in one chunk")
         chunks = 1
     w1 = _Weights(mlp.fc1, kind1, x) if kind1 != "stock" else None
-    w2 = _Weights(mlp.fc2, kind2, x) if kind2 != "stock" else None
+    try:
+        w2 = _Weights(mlp.fc2, kind2, x) if kind2 != "stock" else None
+    except BaseException:
+        if w1 is not None:
+            w1.release()
+        raise
     swiglu = ops.INPUT_ACT_EAGER["swiglu"]
 
     def apply(a: int, b: int) -> None:

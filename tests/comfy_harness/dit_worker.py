@@ -404,6 +404,58 @@ def run_checks(root: str) -> dict:
         return ok, {"report": report, "needs": (need_floor, need_ffn2), "messages": messages}
     from h3director.integrations.comfy_dit import comfy_shape
     check("capacity/auto-escalates-and-refuses", capacity)
+
+    def released_on_error():
+        # every offloadable cast run_block makes is uncast even when a projection or a cast raises (an OOM,
+        # simulated: the real op raises when called from comfy_dit for the named weight)
+        casting = load(sd, torch.bfloat16)
+        real_cast, real_uncast, real_linear = comfy.ops.cast_bias_weight, comfy.ops.uncast_bias_weight, F.linear
+        counts, fail = {}, {}
+
+        def ours() -> bool:  # called from comfy_dit (the frame above the wrapper's caller)
+            return sys._getframe(2).f_globals.get("__name__") == comfy_dit.__name__
+
+        def cast(layer, *args, **kwargs):
+            if fail.get("cast") is layer and ours():
+                fail.clear()
+                raise RuntimeError("simulated out of memory in a cast")
+            result = real_cast(layer, *args, **kwargs)
+            counts["cast"] += bool(kwargs.get("offloadable"))
+            return result
+
+        def uncast(*args, **kwargs):
+            counts["uncast"] += 1
+            return real_uncast(*args, **kwargs)
+
+        def linear(x, weight, bias=None):
+            if fail.get("linear") == sys._getframe(1).f_code.co_name and ours():
+                fail.clear()
+                raise RuntimeError("simulated out of memory in a projection")
+            return real_linear(x, weight, bias)
+        fc2 = casting.model.diffusion_model.blocks[0].mlp.fc2
+        # the F.linear to fail, by the comfy_dit function that calls it
+        cases = {"fused qkv": (dict(), {"linear": "_attention"}), "head group": (dict(head_chunks=2), {"linear": "<genexpr>"}),
+                 "ffn chunk": (dict(ffn_chunks=2), {"linear": "apply"}), "fc2 cast": (dict(ffn_chunks=2), {"cast": fc2})}
+        seen = {}
+        comfy.ops.cast_bias_weight, comfy.ops.uncast_bias_weight, F.linear = cast, uncast, linear
+        try:
+            for name, (plan, failure) in cases.items():
+                patched, _ = comfy_dit.install(casting, **plan)
+                counts.update(cast=0, uncast=0)
+                fail.clear()
+                fail.update(failure)
+                try:
+                    forward(patched, torch.bfloat16)
+                    raised = False
+                except RuntimeError as error:
+                    raised = "simulated" in str(error)
+                seen[name] = {"raised": raised, **counts}
+        finally:
+            comfy.ops.cast_bias_weight, comfy.ops.uncast_bias_weight, F.linear = real_cast, real_uncast, real_linear
+        ok = all(s["raised"] and s["cast"] > 0 and s["cast"] == s["uncast"] for s in seen.values())
+        return ok, seen
+    import torch.nn.functional as F
+    check("weights/released-when-a-projection-raises", released_on_error)
     return results
 
 
