@@ -218,6 +218,7 @@ BAD_CASES = {
     "overlapping tensors": (_set_offset("blocks.0.attn.qkv_proj.weight", 0), "overlap"),
     "byte size past the data": (_set_dim0("blocks.0.mlp.fc1.weight", 1 << 20), "more than the|runs past"),
     "partial block row": (_set_dim0("blocks.0.mlp.fc1.weight", 48), "not a multiple of the 32-value block"),
+    "zero dimension": (_set_dim0("norm.weight", 0), "has a zero dimension"),
 }
 
 

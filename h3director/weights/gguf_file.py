@@ -195,8 +195,10 @@ def open_gguf(path: str | os.PathLike, *, max_metadata_bytes: int = DEFAULT_MAX_
     tensor count. Raises `InvalidInputError` (one line naming the file and the problem) for a missing or
     truncated file, bad magic, an unsupported version or byte order, counts, lengths or offsets beyond the
     file or the limits, unknown value or quantisation types, a tensor whose byte size does not match its
-    type and shape, misaligned or overlapping tensors, duplicate names, or a malformed ``orig_shape`` entry.
-    Nothing larger than the file (or the limits) is allocated.
+    type and shape, a zero dimension, misaligned or overlapping tensors, duplicate names, or a malformed
+    ``orig_shape`` entry. Every length and count is checked against the bytes left in the file (or the limits)
+    before it is read; metadata arrays become Python lists, which take several times their bytes in the file
+    (bounded by `max_metadata_bytes`).
     """
     path = Path(path)
     header = read_header(path, max_metadata_bytes=max_metadata_bytes, max_tensors=max_tensors)
@@ -291,7 +293,9 @@ def read_header(path: str | os.PathLike, *, max_metadata_bytes: int = DEFAULT_MA
             block_values, block_bytes = GGML_QUANT_SIZES[qtype]
         except (ValueError, KeyError):
             raise InvalidInputError(f"{where!r}: tensor {name!r} has unknown quantisation type {type_code}") from None
-        n_elements = math.prod(dims)
+        if 0 in dims:   # an empty tensor is no weight, and a zero would leave its other dims unbounded
+            raise InvalidInputError(f"{where!r}: tensor {name!r} has a zero dimension (ggml dims {list(dims)})")
+        n_elements = math.prod(dims)   # then every dim <= n_elements, which the byte-size check bounds
         if dims[0] % block_values:
             raise InvalidInputError(f"{where!r}: tensor {name!r} ({qtype.name}, ggml dims {list(dims)}) has rows of "
                                     f"{dims[0]} values, not a multiple of the {block_values}-value block")
