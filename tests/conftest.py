@@ -49,3 +49,15 @@ def tiny_h3_audio():
     from h3director.integrations.tiny import tiny_h3_audio_vae
 
     return tiny_h3_audio_vae(seed=0)
+
+
+@pytest.fixture()
+def output_dir(tmp_path, monkeypatch):
+    """ComfyUI's output and temp folders pointed at `tmp_path` (for the node tests; `folder_paths` is the
+    stand-in the test module installed, imported here only when the fixture is used)."""
+    import folder_paths
+
+    monkeypatch.setattr(folder_paths, "output_directory", str(tmp_path / "output"))
+    monkeypatch.setattr(folder_paths, "temp_directory", str(tmp_path / "temp"))
+    (tmp_path / "output").mkdir()
+    return tmp_path / "output"

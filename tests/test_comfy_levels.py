@@ -3,7 +3,6 @@ runs ComfyUI's own `vae.decode`, level 2 streams with pooled buffers; the IMAGE 
 
 from __future__ import annotations
 
-import pytest
 import torch
 from comfy_harness.loader import install_stubs
 
@@ -12,16 +11,6 @@ from h3director.core.config import validate_config
 install_stubs()
 
 from comfy_harness.fake_vae import comfy_video_vae, vae_decode_node  # noqa: E402
-
-
-@pytest.fixture()
-def output_dir(tmp_path, monkeypatch):
-    import folder_paths
-
-    monkeypatch.setattr(folder_paths, "output_directory", str(tmp_path / "output"))
-    monkeypatch.setattr(folder_paths, "temp_directory", str(tmp_path / "temp"))
-    (tmp_path / "output").mkdir()
-    return tmp_path / "output"
 
 
 def _use_level(monkeypatch, level: int) -> None:

@@ -32,16 +32,6 @@ def video_vae():
     return comfy_video_vae(seed=1)
 
 
-@pytest.fixture()
-def output_dir(tmp_path, monkeypatch):
-    import folder_paths
-
-    monkeypatch.setattr(folder_paths, "output_directory", str(tmp_path / "output"))
-    monkeypatch.setattr(folder_paths, "temp_directory", str(tmp_path / "temp"))
-    (tmp_path / "output").mkdir()
-    return tmp_path / "output"
-
-
 def _decode_node():
     from h3director.comfy.nodes_decode import DecodeAVStreaming
 
