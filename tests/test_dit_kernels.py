@@ -280,3 +280,13 @@ def test_gpu_bench_says_it_needs_a_gpu(tmp_path):
                          text=True, timeout=120)
     assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
     assert not (tmp_path / "r.json").exists()
+
+
+def test_a_model_dtype_verify_kernels_cannot_check_has_nothing_verified():
+    """The adapters ask `verified_for_model`: an fp8 model is not an error, only nothing verified
+    (`verified_properties` itself refuses the dtype)."""
+    from h3director.dit.kernels import verified_for_model
+
+    with pytest.raises(InvalidInputError, match="unsupported dtype"):
+        verified_properties("cpu", torch.float8_e4m3fn)
+    assert verified_for_model("cpu", torch.float8_e4m3fn) == set()

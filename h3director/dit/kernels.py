@@ -502,3 +502,14 @@ def verified_properties(device: Any, dtype: Any, path: Any = None, widths: Kerne
     """The kernel properties verified on ``device`` at ``dtype`` with the running library versions
     (names from `h3director.dit.tiers.KERNEL_PROPERTIES`); empty when nothing matching is cached."""
     return set(lookup(device, dtype, path, widths).verified)
+
+
+def verified_for_model(device: Any, dtype: Any, widths: KernelWidths | None = None) -> set[str]:
+    """`verified_properties` for a model about to run (what the DiT adapters ask): a device or dtype that
+    `verify-kernels` cannot check (fp8 weights, say) has nothing verified rather than an error, which
+    leaves only the tiers exact by construction to "exact only" mode."""
+    try:
+        return verified_properties(device, dtype, widths=widths)
+    except InvalidInputError as error:
+        log.info("no verified kernel properties for %s %s: %s", device, dtype, error)
+        return set()

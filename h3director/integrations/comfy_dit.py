@@ -316,16 +316,11 @@ def packed_rows(diffusion_model, x, context, payload: dict | None) -> int:
 
 
 def verified_here(device, dtype) -> set[str]:
-    """Kernel properties `verify-kernels` passed for `device` at `dtype` (empty when none or unreadable)."""
-    try:
-        from h3director.dit.kernels import verified_properties
-    except ImportError:
-        return set()
-    try:
-        return set(verified_properties(str(device), dtype))
-    except Exception as error:  # a broken cache reads as "nothing verified", and says so
-        log.warning("H3 Director DiT memory: kernel cache unreadable (%s); nothing counts as verified", error)
-        return set()
+    """Kernel properties `verify-kernels` passed for `device` at `dtype` at H3's real widths (empty when none
+    are cached, or the dtype is one it cannot check)."""
+    from h3director.dit.kernels import verified_for_model
+
+    return verified_for_model(str(device), dtype)
 
 
 @dataclass

@@ -38,8 +38,8 @@ Modes: `"fixed"` runs the given tier. `"auto"` and `"exact only"` call `capacity
 diffusers ledgers at the model's own widths, on the model's device, with `budget_bytes`) at the start of
 every transformer forward, from a forward pre-hook, with `rows` = the packed sequence length (`position_ids.shape[0]`) and the given
 chunk counts as the floor; `"exact only"` passes the kernel properties
-`h3director.dit.kernels.verified_properties(device, dtype)` reports (none when that module or its
-cache is absent, which leaves only tiers exact by construction).
+`h3director.dit.kernels.verified_for_model(device, dtype)` reports (none when nothing is cached for
+this device, which leaves only tiers exact by construction).
 
 Composing with group offload: apply the plan first, then
 `transformer.enable_group_offload(onload_device, offload_type="block_level", num_blocks_per_group=1,
@@ -425,19 +425,15 @@ def verified_kernel_properties(device: torch.device, dtype: torch.dtype,
                                config: Any | None = None) -> set[str]:
     """Kernel properties (`h3director.dit.tiers` names) that `verify-kernels` verified on `device` for
     `dtype`, at the widths of `config` (a `MiniMaxH3Transformer3DModel.config`; H3's real widths when None),
-    from `h3director.dit.kernels`' cache; the empty set when that module is not installed (then only tiers
+    from `h3director.dit.kernels`' cache (`verified_for_model`: empty when nothing is verified, then only tiers
     exact by construction count as verified)."""
-    try:
-        from h3director.dit import kernels
-    except ImportError as error:
-        if getattr(error, "name", None) in ("h3director.dit.kernels", None):
-            return set()
-        raise
+    from h3director.dit import kernels
+
     widths = None
     if config is not None:
         widths = kernels.KernelWidths(hidden=config.hidden_size, heads=config.num_attention_heads,
                                       head_dim=config.attention_head_dim, ffn=config.ffn_dim)
-    return set(kernels.verified_properties(device, dtype, widths=widths))
+    return kernels.verified_for_model(device, dtype, widths=widths)
 
 
 def default_capacity(transformer: MiniMaxH3Transformer3DModel, budget_bytes: int | None = None):
