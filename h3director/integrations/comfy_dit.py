@@ -42,7 +42,7 @@ from typing import Any
 
 from h3director.dit.blocks import chunked_rows, grouped_attention
 from h3director.dit.ranges import row_ranges
-from h3director.dit.tiers import LIFETIME_ONLY, QUERY_ALIGN, STOCK, DiTMemoryPlan
+from h3director.dit.tiers import QUERY_ALIGN, STOCK, DiTMemoryPlan
 from h3director.errors import InvalidInputError
 
 MODES = ("auto", "exact only", "fixed")
@@ -355,24 +355,17 @@ class DiTMemoryHandle:
     def plan(self) -> DiTMemoryPlan:
         return self.floor
 
-    def choose(self, rows: int, dtype, device, capacity=None) -> tuple[DiTMemoryPlan, dict]:
-        """The tier for a forward of `rows` packed rows; raises `InvalidInputError` / `BudgetError`.
-        `capacity`: a `CapacityCheck` (None: run the floor without one)."""
+    def choose(self, rows: int, dtype, device, capacity) -> tuple[DiTMemoryPlan, dict]:
+        """The tier `capacity` (a `CapacityCheck`) picks for a forward of `rows` packed rows; raises
+        `InvalidInputError` / `BudgetError`."""
         verified = verified_here(device, dtype)
         report: dict[str, Any] = {"rows": rows, "mode": self.mode, "device": str(device)}
         floor = self.floor
         floor.check_fits(self.heads, rows)
-        if capacity is not None:
-            decision = capacity.choose(rows, dtype, floor, self.mode, verified)
-            plan = decision.plan
-            report.update(need_bytes=int(decision.need_bytes), have_bytes=int(decision.have_bytes),
-                          escalated=bool(decision.escalated))
-        else:
-            plan = floor
-            if self.mode == "exact only" and not set(floor.relies_on) <= verified:
-                plan = LIFETIME_ONLY
-            report.update(capacity="no capacity check available (h3director.dit.capacity absent)",
-                          escalated=False)
+        decision = capacity.choose(rows, dtype, floor, self.mode, verified)
+        plan = decision.plan
+        report.update(need_bytes=int(decision.need_bytes), have_bytes=int(decision.have_bytes),
+                      escalated=bool(decision.escalated))
         report.update(tier=plan.describe(), plan=plan.as_dict(), exactness=plan.exactness.value,
                       verified=set(plan.relies_on) <= verified,
                       unverified=sorted(set(plan.relies_on) - verified))
@@ -408,12 +401,9 @@ def attention_ledger_kind(transformer_options: dict) -> str:
 
 
 def default_capacity(diffusion_model, device, budget_bytes, transformer_options: dict):
-    """The planner-ledger capacity check for this model and device (`h3director.dit.capacity`); None when
-    that module is not installed."""
-    try:
-        from h3director.dit.capacity import CapacityCheck, ledger_cost_model
-    except ImportError:
-        return None
+    """The planner-ledger capacity check for this model and device (`h3director.dit.capacity`)."""
+    from h3director.dit.capacity import CapacityCheck, ledger_cost_model
+
     cost = ledger_cost_model(comfy_shape(diffusion_model), framework="comfy",
                              attention=attention_ledger_kind(transformer_options), device=device)
     return CapacityCheck(cost, device, budget_bytes=budget_bytes)
@@ -469,7 +459,7 @@ class _ForwardWrapper:
         device = context.device
         if handle.capacity is None:
             handle.capacity = default_capacity(model, device, handle.budget_bytes, transformer_options or {})
-            handle.own_capacity = handle.capacity is not None
+            handle.own_capacity = True
         if handle.own_capacity:
             handle.capacity.reclaimable_bytes = reclaimable_weight_bytes(model)
         plan, report = handle.choose(rows, context.dtype, device, handle.capacity)
