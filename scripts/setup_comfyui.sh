@@ -57,7 +57,7 @@ case "$VENV" in /*) ;; *) VENV=$REPO/$VENV ;; esac
 mkdir -p "$(dirname "$VENV")"
 MODULES="torch torchvision torchaudio torchsde numpy einops transformers tokenizers sentencepiece safetensors
 aiohttp yarl yaml PIL scipy tqdm psutil alembic sqlalchemy filelock av comfy_kitchen comfy_aimdo requests
-simpleeval blake3 matplotlib pydantic"
+simpleeval blake3 matplotlib pydantic spandrel cv2"
 importable() {
     [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.h3director-complete" 2>/dev/null)" = "$key" ] &&
         "$VENV/bin/python" -c "
