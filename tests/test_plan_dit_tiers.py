@@ -94,6 +94,16 @@ def test_comfy_block_in_inference_mode_matches_the_fused_norm_ledger(tier, comfy
 
 
 
+@needs_comfy
+@pytest.mark.parametrize("tier", ["stock", "lifetime"])
+def test_comfy_unchunked_ledger_is_byte_exact_in_inference_mode(tier, comfy_measured):
+    """Unchunked, the replay is exact to the byte: in the lifetime tier that includes the modulation table
+    dying after the attention half (copies of the FFN's terms kept, shift and scale dropped before fc1)."""
+    plan = DiTMemoryPlan(lifetime=False) if TIERS[tier] is None else DiTMemoryPlan(**TIERS[tier])
+    predicted = dit_block_peak_bytes(dit_shape_comfy(), ROWS, "bf16", framework="comfy", plan=plan, fused_norms=True)
+    assert predicted == comfy_measured[(tier, "bf16", True)]
+
+
 def test_tiers_save_what_the_real_width_promises():
     """At H3's width the ledgers predict the issue's targets' direction: lifetime < stock, chunked far below."""
     shape = DiTShape()

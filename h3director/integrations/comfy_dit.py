@@ -237,8 +237,11 @@ def _attention(attn, plan: DiTMemoryPlan, hold: list, rope_freqs, transformer_op
     return attn.out_proj(state.pop("out"))
 
 
-def _ffn(block, plan: DiTMemoryPlan, x, shift, scale, gate, segments, kept: set[str]) -> None:
-    """The FFN half of the block, added into `x` in place (norm2 ... gated residual per row chunk)."""
+def _ffn(block, plan: DiTMemoryPlan, x, terms: list, segments, kept: set[str]) -> None:
+    """The FFN half of the block, added into `x` in place (norm2 ... gated residual per row chunk).
+
+    `terms` is `[shift, scale, gate]`, the FFN half of the modulation table; shift and scale are dropped
+    from it once the last row range is modulated, so with one range they are gone before fc1 runs."""
     import torch.nn.functional as F
 
     h3, _, ops, _ = _comfy()
@@ -263,14 +266,16 @@ def _ffn(block, plan: DiTMemoryPlan, x, shift, scale, gate, segments, kept: set[
     def apply(a: int, b: int) -> None:
         segs = segments if (a, b) == (0, x.shape[0]) else clip_segments(segments, a, b)
         xs = x[a:b]
-        t = h3._mod_scale_shift(block.norm2(xs), shift, scale, segs)
+        t = h3._mod_scale_shift(block.norm2(xs), terms[0], terms[1], segs)
+        if b == x.shape[0]:
+            terms[0] = terms[1] = None
         t = F.linear(t, w1.weight, w1.bias) if w1 is not None else mlp.fc1(t)
         if w2 is not None:
             t = swiglu(t)
             t = F.linear(t, w2.weight, w2.bias)
         else:
             t = ops.linear_input_act(mlp.fc2, t, "swiglu")
-        h3._mod_gate(xs, gate, t, segs)
+        h3._mod_gate(xs, terms[2], t, segs)
 
     try:
         chunked_rows(x.shape[0], chunks, apply)
@@ -285,14 +290,20 @@ def run_block(block, plan: DiTMemoryPlan, x, t_emb, mod_segments, rope_freqs, tr
     """ComfyUI's H3 `DiTBlock.forward` under `plan` (not STOCK): same ops, same order; `x` (the packed
     residual stream, `[rows, hidden]`) is updated in place and returned, as the stock block does.
     `kept` collects the projections that kept their stock call (quantised or unrecognised ops)."""
+    import torch
+
     h3, _, _, _ = _comfy()
     kept = set() if kept is None else kept
-    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = block.adaln_proj(t_emb)
+    shift_msa, scale_msa, gate_msa, *ffn_terms = block.adaln_proj(t_emb)
     hold = [h3._mod_scale_shift(block.norm1(x), shift_msa, scale_msa, mod_segments)]
+    del shift_msa, scale_msa
     attn_out = _attention(block.attn, plan, hold, rope_freqs, transformer_options, kept)
     x = h3._mod_gate(x, gate_msa, attn_out, mod_segments)
-    del attn_out
-    _ffn(block, plan, x, shift_mlp, scale_mlp, gate_mlp, mod_segments, kept)
+    del attn_out, gate_msa
+    # The six terms are views of one table; copies of the FFN's three (same values) let the table die
+    # now, and `_ffn` drops shift and scale once it has used them.
+    ffn_terms = [term.clone(memory_format=torch.contiguous_format) for term in ffn_terms]
+    _ffn(block, plan, x, ffn_terms, mod_segments, kept)
     return x
 
 

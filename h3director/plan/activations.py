@@ -242,9 +242,14 @@ def _head_groups(shape: DiTShape, tier: BlockTier, seq: int, e: int) -> tuple[in
     return heads, part, q_rows, replayed
 
 
+def _adaln_bytes(shape: DiTShape, e: int, timesteps: int, terms: int = ADALN_TERMS) -> int:
+    """Bytes of `terms` modulation terms x three modalities x `timesteps` rows of `hidden`."""
+    return timesteps * ADALN_MODALITIES * terms * shape.hidden * e
+
+
 def _adaln_table(ledger: ByteLedger, shape: DiTShape, e: int, timesteps: int) -> None:
     """The block's modulation table: six terms x three modalities x `timesteps` rows of `hidden`."""
-    ledger.alloc("adaln", timesteps * ADALN_MODALITIES * ADALN_TERMS * shape.hidden * e)
+    ledger.alloc("adaln", _adaln_bytes(shape, e, timesteps))
 
 
 def _rope(ledger: _DiTLedger, name: str, rows: int, heads: int, shape: DiTShape, e: int) -> None:
@@ -427,7 +432,9 @@ def _comfy_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attentio
     it (the fused one, or the last head group's three); no `v.clone()` (the backends priced here do not
     consume containers); grouped attention writes into a buffer made after the first call returns;
     FFN row chunks run norm2 .. fc2 per range of rows, each input dying once the next op has made its
-    output, and `addcmul_` into x's rows."""
+    output, and `addcmul_` into x's rows. After the attention half the modulation table gives way to
+    copies of the FFN's three terms; shift and scale die after the last range is modulated (with one
+    range, before fc1)."""
     md = seq * shape.hidden
     _adaln_table(ledger, shape, e, timesteps)
     _rms_norm(ledger, "h", md, e, e, affine=True, width=shape.hidden)       # then scaled and shifted in place
@@ -454,10 +461,17 @@ def _comfy_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attentio
         sections["attention"] = ledger.peak
         ledger.reset_peak()
     ledger.free("attn_out")                             # after addcmul_ into x
+    if tier.lifetime:
+        # copies of the FFN half's terms (shift and scale, gate), then the table dies
+        ledger.alloc("ffn_shift_scale", _adaln_bytes(shape, e, timesteps, 2))
+        ledger.alloc("ffn_gate", _adaln_bytes(shape, e, timesteps, 1))
+        ledger.free("adaln")
     rows = first_range_rows(seq, tier.ffn_chunks) if tier.lifetime else seq
     _rms_norm(ledger, "h2", rows * shape.hidden, e, e, affine=True, width=shape.hidden)
     if not tier.lifetime:
         ledger.free("h")                                # the stock block rebinds h to norm2's result
+    elif rows == seq:
+        ledger.free("ffn_shift_scale")                  # dropped after the last range's modulation
     ledger.alloc("fc1", rows * 2 * shape.ffn * e)
     if tier.lifetime:
         ledger.free("h2")
@@ -467,10 +481,11 @@ def _comfy_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attentio
     ledger.alloc("ff_out", rows * shape.hidden * e)
     ledger.free("swiglu", "ff_out")                     # ff_out after addcmul_ into x
     if not tier.lifetime:
-        ledger.free("fc1")
-    ledger.free("adaln")
-    if not tier.lifetime:
-        ledger.free("h2")
+        ledger.free("fc1", "adaln", "h2")
+    elif rows < seq:
+        ledger.free("ffn_shift_scale", "ffn_gate")
+    else:
+        ledger.free("ffn_gate")
     if sections is not None:
         sections["ffn"] = ledger.peak
 
