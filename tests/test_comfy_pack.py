@@ -28,7 +28,8 @@ def test_pack_exports_v3_entry_point_and_web_directory(pack):
     assert web.is_dir() and any(p.suffix == ".js" for p in web.iterdir())
     names = {node.__name__ for node in nodes}
     assert names >= {"DecodeAVStreaming", "MonitorStart", "MonitorStop", "MemoryGuardNode", "SharedWrite", "SharedRead",
-                     "FrameOffset", "PlanNode", "DiTMemoryNode", "GGUFDiTLoader", "CachedTextEncode"}
+                     "FrameOffset", "PlanNode", "DiTMemoryNode", "GGUFDiTLoader", "CachedTextEncode",
+                     "KeyframeSelect", "KeyframeMerge"}
     assert len(names) == len(nodes)
 
 
@@ -43,9 +44,9 @@ def test_node_ids_are_unique_prefixed_and_categorised(pack):
         assert schema.description
 
 
-@pytest.mark.parametrize("index", range(8))
+@pytest.mark.parametrize("index", [*range(8), "KeyframeSelect", "KeyframeMerge"])
 def test_schema_inputs_are_valid(pack, index):
-    node = pack[2][index]
+    node = pack[2][index] if isinstance(index, int) else next(n for n in pack[2] if n.__name__ == index)
     schema = node.GET_SCHEMA()
     ids = [i.id for i in schema.inputs] + [o.id for o in schema.outputs]
     assert len(ids) == len(set(ids))

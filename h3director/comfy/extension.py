@@ -12,6 +12,7 @@ from h3director.comfy.nodes_dit import DiTMemoryNode
 from h3director.comfy.nodes_frames import FrameOffset
 from h3director.comfy.nodes_gguf import GGUFDiTLoader
 from h3director.comfy.nodes_guard import MemoryGuardNode
+from h3director.comfy.nodes_keyframes import KeyframeMerge, KeyframeSelect
 from h3director.comfy.nodes_monitor import MonitorStart, MonitorStop
 from h3director.comfy.nodes_plan import PlanNode
 from h3director.comfy.nodes_shared import SharedRead, SharedWrite
@@ -21,7 +22,7 @@ from h3director.comfy.nodes_textcache import CachedTextEncode
 NODES: list[type[io.ComfyNode]] = [
     DecodeAVStreaming, MonitorStart, MonitorStop, MemoryGuardNode, SharedWrite, SharedRead, FrameOffset, PlanNode,
     DiTMemoryNode, GGUFDiTLoader, CachedTextEncode, Stitch,
-    AVSyncMeasure,
+    AVSyncMeasure, KeyframeSelect, KeyframeMerge,
 ]
 
 
