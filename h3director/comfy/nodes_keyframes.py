@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from comfy_api.latest import io
 
+from h3director.video import keyframes
 from h3director.video.detail_carry import merge_into, output_shape
-from h3director.video.keyframes import MODES, format_indices, gather_keyframes, parse_indices, select_keyframes
 
 
 class KeyframeSelect(io.ComfyNode):
@@ -31,7 +31,7 @@ class KeyframeSelect(io.ComfyNode):
                         "a batch and their indices (JSON list text) for H3Director Keyframe Merge.",
             inputs=[
                 io.Image.Input("images"),
-                io.Combo.Input("mode", options=list(MODES), default="every_n"),
+                io.Combo.Input("mode", options=list(keyframes.MODES), default="every_n"),
                 io.Int.Input("n", default=5, min=1, max=4096, tooltip="every_n: keyframe spacing in frames"),
                 io.Float.Input("threshold", default=0.4, min=0.01, max=0.99, step=0.01,
                                tooltip="scene: a frame whose scene score is above this starts a new scene"),
@@ -44,10 +44,10 @@ class KeyframeSelect(io.ComfyNode):
 
     @classmethod
     def execute(cls, images, mode, n, threshold, min_spacing) -> io.NodeOutput:
-        selection = select_keyframes(images, mode, n=int(n), threshold=float(threshold),
-                                     min_spacing=int(min_spacing))
-        keyframes = gather_keyframes(images, selection.indices)
-        return io.NodeOutput(keyframes, format_indices(selection.indices), len(selection.indices))
+        selection = keyframes.select_keyframes(images, mode, n=int(n), threshold=float(threshold),
+                                               min_spacing=int(min_spacing))
+        batch = keyframes.gather_keyframes(images, selection.indices)
+        return io.NodeOutput(batch, keyframes.format_indices(selection.indices), len(selection.indices))
 
 
 class KeyframeMerge(io.ComfyNode):
@@ -74,7 +74,7 @@ class KeyframeMerge(io.ComfyNode):
 
     @classmethod
     def execute(cls, images, detailed_keyframes, indices, flow_warp) -> io.NodeOutput:
-        index = parse_indices(indices)
+        index = keyframes.parse_indices(indices)
         shape = output_shape(images, detailed_keyframes, index)
         out = torch.empty(shape, dtype=torch.float32)
         merge_into(out, images, detailed_keyframes, index, flow_warp=bool(flow_warp))
