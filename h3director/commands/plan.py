@@ -4,6 +4,7 @@ Accepted ranges (refused with a specific message otherwise): width and height mu
 4096 pixels, frames on the 17n+5 grid from 5 to 86,399 (one hour at 24 fps), `--dit-layers` 1 to 100.
 A CPU-only budget (`--device auto` without CUDA or MPS, or `--device cpu`) is planned as one memory,
 with the text encoder on the CPU and PyTorch's composite (unfused) RMSNorm.
+`--devices cuda:0=24GB,cuda:1=12GB` places the components across devices instead (plan/placement.py).
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention", default="flash", choices=("flash", "efficient", "sage", "math"),
                         help="attention kernel (default flash / memory-efficient SDPA)")
     parser.add_argument("--margin", type=float, default=0.10, help="safety margin as a fraction (default 0.10)")
+    parser.add_argument("--devices", default=None,
+                        help="place the components on several devices, e.g. cuda:0=24GB,cuda:1=12GB "
+                             "(replaces --vram/--device; host RAM from --ram)")
+    parser.add_argument("--placement-policy", default="auto", choices=("auto", "resident", "phased"),
+                        help="with --devices: components stay loaded (resident), are loaded per phase (phased), "
+                             "or the better of both (auto, default)")
     parser.add_argument("--json", action="store_true", help="print JSON for machines")
 
 
@@ -80,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
 
     request = _request(args)
     request.validate()
+    if args.devices is not None:
+        return _run_devices(args, request)
     budget, source = _budget(args)
     if budget.device == "cpu":       # no accelerator: the text encoder runs on the CPU, RMSNorm unfused
         request = dataclasses.replace(request, text_encoder_device="cpu", fused_norms=False)
@@ -113,4 +122,41 @@ def run(args: argparse.Namespace) -> int:
           "which are never leased from the pool.")
     for note in as_asked.notes:
         print(f"note: {note}")
+    return 0
+
+
+def _run_devices(args: argparse.Namespace, request) -> int:
+    """`--devices`: place the text encoder, the DiT and the VAEs across the devices (plan/placement.py)."""
+    from h3director.errors import InvalidInputError
+    from h3director.plan.estimate import estimate
+    from h3director.plan.placement import parse_devices, place
+
+    if args.vram is not None or args.device is not None:
+        raise InvalidInputError("--devices replaces --vram and --device: give one of them")
+    if not 0 <= args.margin < 1:
+        raise InvalidInputError(f"--margin must be in [0, 1), got {args.margin}")
+    devices = parse_devices(args.devices)
+    if args.ram:
+        host = parse_size(args.ram, binary_gb=True)
+        source = f"given: {args.devices}, {host / 2**30:.1f} GiB RAM"
+    else:
+        import psutil
+
+        host = int(psutil.virtual_memory().available)
+        source = f"given: {args.devices}; host RAM {host / 2**30:.1f} GiB available"
+    placement = place(request, devices, host_bytes=host, margin=args.margin,
+                      formats=[args.weights] if args.weights else None, policy=args.placement_policy)
+    if args.json:
+        out = estimate(request).to_dict()
+        out["budget"] = {"source": source, "devices": {d.name: d.capacity_bytes for d in devices},
+                         "host_bytes": host, "margin": args.margin}
+        out["placement"] = placement.to_dict()
+        print(json.dumps(out, indent=2))
+        return 0
+    geo = estimate(request).geometry
+    print(f"H3 {request.width}x{request.height}, {request.frames} frames -> {geo.latent_frames} latent frames x "
+          f"{geo.tokens_per_latent_frame} tokens = {geo.video_tokens:,} video tokens; packed sequence "
+          f"{geo.packed_tokens:,}")
+    print(f"Budget: {source}\n")
+    print(placement.summary())
     return 0
