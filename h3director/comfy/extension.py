@@ -14,6 +14,7 @@ from h3director.comfy.nodes_gguf import GGUFDiTLoader
 from h3director.comfy.nodes_guard import MemoryGuardNode
 from h3director.comfy.nodes_keyframes import KeyframeMerge, KeyframeSelect
 from h3director.comfy.nodes_monitor import MonitorStart, MonitorStop
+from h3director.comfy.nodes_placement import DevicePlacement
 from h3director.comfy.nodes_plan import PlanNode
 from h3director.comfy.nodes_shared import SharedRead, SharedWrite
 from h3director.comfy.nodes_stitch import Stitch
@@ -22,7 +23,7 @@ from h3director.comfy.nodes_textcache import CachedTextEncode
 NODES: list[type[io.ComfyNode]] = [
     DecodeAVStreaming, MonitorStart, MonitorStop, MemoryGuardNode, SharedWrite, SharedRead, FrameOffset, PlanNode,
     DiTMemoryNode, GGUFDiTLoader, CachedTextEncode, Stitch,
-    AVSyncMeasure, KeyframeSelect, KeyframeMerge,
+    AVSyncMeasure, KeyframeSelect, KeyframeMerge, DevicePlacement,
 ]
 
 
