@@ -1,0 +1,99 @@
+"""`h3director farm run JOBS.jsonl` / `h3director farm status`: the render farm on Ray (extra `farm`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from h3director.errors import InvalidInputError
+
+HELP = "Render farm on Ray: run a JSONL batch of ComfyUI jobs placed by predicted memory; show a run's status."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="farm_command", metavar="{run,status}", required=True)
+    run = sub.add_parser("run", help="run every job of a JSONL file (resumes an earlier run in the same --out)")
+    run.add_argument("jobs", help="JSONL job file: one {\"id\", \"workflow\", overrides...} object per line")
+    run.add_argument("--address", default=None,
+                     help="Ray cluster: ray://HOST:10001, HOST:PORT or auto; default (or 'local'): a Ray on this machine")
+    run.add_argument("--out", default="farm_out", help="folder for outputs (OUT/<job id>/) and the ledger farm.sqlite")
+    run.add_argument("--workers", default=None,
+                     help="local devices NAME=ACCEL[:HOST],... e.g. gpu0=24GB,gpu1=12GB (default: one worker with "
+                          "this machine's free accelerator memory, or its RAM on a CPU-only machine)")
+    run.add_argument("--comfyui", default=os.environ.get("H3_FARM_COMFYUI"),
+                     help="ComfyUI source folder on every node (env H3_FARM_COMFYUI)")
+    run.add_argument("--comfy-python", default=os.environ.get("H3_FARM_COMFY_PYTHON", sys.executable),
+                     help="Python with ComfyUI's requirements (env H3_FARM_COMFY_PYTHON; default: this one)")
+    run.add_argument("--comfy-base", default=os.environ.get("H3_FARM_COMFY_BASE"),
+                     help="ComfyUI base folder with models/ and custom_nodes/ (this pack installed) "
+                          "(env H3_FARM_COMFY_BASE; default: the --comfyui folder)")
+    run.add_argument("--cpu", action="store_true", help="start the ComfyUI servers with --cpu")
+    status = sub.add_parser("status", help="the ledger of a run: every job's state, worker, peaks and time")
+    status.add_argument("--out", default="farm_out", help="the run's --out folder")
+
+
+def _require_farm_extra() -> None:
+    try:
+        import ray  # noqa: F401
+        import rich  # noqa: F401
+    except ImportError as error:
+        raise InvalidInputError(f"the farm needs the 'farm' extra: pip install 'h3director[farm]' ({error})") from None
+
+
+def _default_workers():
+    from h3director.farm.needs import WorkerSpec
+    from h3director.plan.machine import detect_budget
+
+    budget, _ = detect_budget("auto")
+    return [WorkerSpec("local", budget.device_bytes, budget.host_bytes)]
+
+
+def _run(args: argparse.Namespace) -> int:
+    import psutil
+    from rich.console import Console
+
+    from h3director.farm.driver import run_farm
+    from h3director.farm.needs import parse_workers
+    from h3director.farm.worker import ServerConfig
+
+    if not Path(args.jobs).is_file():
+        raise InvalidInputError(f"job file {args.jobs!r} does not exist")
+    if not args.comfyui:
+        raise InvalidInputError("--comfyui (or H3_FARM_COMFYUI) must name the ComfyUI folder the workers start")
+    local = args.address in (None, "", "local")
+    if args.workers and not local:
+        raise InvalidInputError("--workers is for a local farm; cluster nodes declare their devices themselves")
+    workers = []
+    if local:
+        workers = parse_workers(args.workers, psutil.virtual_memory().available) if args.workers \
+            else _default_workers()
+    config = ServerConfig(python=args.comfy_python, comfyui_dir=str(Path(args.comfyui).absolute()),
+                          base_dir=str(Path(args.comfy_base or args.comfyui).absolute()), cpu=args.cpu)
+    return run_farm(args.jobs, args.out, address=None if local else args.address, workers=workers,
+                    config=config, console=Console())
+
+
+def _status(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from h3director.farm.driver import LEDGER_NAME
+    from h3director.farm.ledger import Ledger
+    from h3director.farm.progress import counts_line, final_table
+
+    path = Path(args.out) / LEDGER_NAME
+    if not path.is_file():
+        raise InvalidInputError(f"no farm ledger at {str(path)!r}: run `h3director farm run JOBS --out {args.out}`")
+    console = Console()
+    with Ledger(path) as ledger:
+        console.print(final_table(ledger.rows(), title=f"H3 farm: {path}"))
+        console.print(counts_line(ledger.counts()))
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.farm_command == "status":
+        return _status(args)
+    _require_farm_extra()
+    return _run(args)

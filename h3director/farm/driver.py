@@ -1,0 +1,302 @@
+"""The farm's driver: connect to Ray (or start a local one), start the workers, validate and price
+every job, and run them as Ray tasks placed by resources; record everything in the ledger.
+
+Placement is Ray's: each job task asks for ``{ACCEL_RESOURCE: predicted MiB, HOST_RESOURCE: host MiB}``
+and Ray starts it on a node (device) with that much unclaimed; there is no placement loop here.
+Locally (no address) every simulated or real device is its own Ray node (`ray.cluster_utils.Cluster`:
+one raylet per device with that device's capacity as its custom resources), so a device's jobs are
+accounted against its own capacity; on a cluster each node declares its device with
+``ray start --resources '{"h3_accel_mb": MiB, "h3_host_mb": MiB}'``.
+
+Recovery: a job whose worker died (Ray raised for its task) is queued again at the same setting, up to
+`MAX_ATTEMPTS` tries; an out-of-memory failure is retried once on the next cheaper rung of
+`needs.ladder`, and after that reported with `h3director oom`'s diagnosis. Outputs come back through
+Ray's object store and are written under ``OUT/<job id>/`` with write-then-rename.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+from h3director.errors import BudgetError, H3DirectorError, InvalidInputError
+from h3director.farm import needs
+from h3director.farm.jobs import Job, read_jobs, unknown_classes
+from h3director.farm.ledger import Ledger
+from h3director.farm.worker import NAMESPACE, ServerConfig, job_task, worker_actor
+from h3director.units import MiB
+
+MAX_ATTEMPTS = 4
+CONNECT_TIMEOUT_S = 10.0
+LEDGER_NAME = "farm.sqlite"
+OBJECT_STORE_BYTES = 128 * MiB
+
+
+class ClusterUnreachableError(H3DirectorError):
+    """The Ray address given does not answer."""
+
+
+@dataclass
+class Session:
+    """A connected Ray and the workers of this run: name -> (spec, actor, info)."""
+
+    cluster: object | None = None
+    workers: dict[str, tuple] = field(default_factory=dict)
+
+    def close(self) -> None:
+        import ray
+
+        ray.shutdown()
+        if self.cluster is not None:
+            self.cluster.shutdown()
+
+
+def _check_reachable(host: str, port: int, address: str, timeout_s: float) -> None:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return
+    except OSError as error:
+        raise ClusterUnreachableError(
+            f"Ray cluster at {address} does not answer ({error.strerror or error}) within {timeout_s:.0f} s: "
+            "check the address, that the head runs (`ray start --head`), and the port "
+            "(10001 for ray://, 6379 for the GCS)") from None
+
+
+def connect(address: str | None, workers: list[needs.WorkerSpec], *, timeout_s: float = CONNECT_TIMEOUT_S) -> Session:
+    """Connect to Ray. `address` None or "local": start one on this machine with one node per worker
+    in `workers`; "auto": the cluster this machine belongs to; "ray://host:port" (Ray Client) or
+    "host:port" (GCS): that cluster, checked to answer within `timeout_s` first."""
+    import ray
+
+    options = {"namespace": NAMESPACE, "logging_level": "ERROR", "log_to_driver": False}
+    if address in (None, "", "local"):
+        from ray.cluster_utils import Cluster
+
+        if not workers:
+            raise InvalidInputError("a local farm needs at least one worker (--workers NAME=SIZE)")
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 0, "object_store_memory": OBJECT_STORE_BYTES, "include_dashboard": False})
+        try:
+            for spec in workers:
+                cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES, resources={
+                    needs.ACCEL_RESOURCE: spec.accel_mb, needs.HOST_RESOURCE: spec.host_mb, f"h3w_{spec.name}": 1})
+            ray.init(address=cluster.address, **options)
+        except BaseException:
+            cluster.shutdown()
+            raise
+        return Session(cluster=cluster)
+    if workers:
+        raise InvalidInputError("--workers describes the devices of a local farm; on a cluster each node declares "
+                                f"its own ({needs.ACCEL_RESOURCE}, {needs.HOST_RESOURCE} in `ray start --resources`)")
+    if address != "auto":
+        parsed = urlparse(address if "://" in address else f"ray-gcs://{address}")
+        if not parsed.hostname or not parsed.port:
+            raise InvalidInputError(f"--address must be local, auto, ray://HOST:PORT or HOST:PORT, got {address!r}")
+        _check_reachable(parsed.hostname, parsed.port, address, timeout_s)
+    try:
+        ray.init(address=address, **options)
+    except ConnectionError as error:
+        raise ClusterUnreachableError(f"Ray cluster at {address}: {error}") from None
+    return Session()
+
+
+def cluster_workers() -> list[tuple[needs.WorkerSpec, str]]:
+    """(spec, node id) of every live node that declares the accelerator resource."""
+    import ray
+
+    found = []
+    for node in ray.nodes():
+        resources = node.get("Resources", {})
+        if not node.get("Alive") or needs.ACCEL_RESOURCE not in resources:
+            continue
+        names = [k[4:] for k in resources if k.startswith("h3w_")]
+        name = names[0] if names else f"{node['NodeManagerAddress']}-{node['NodeID'][:6]}"
+        if needs.HOST_RESOURCE not in resources:
+            raise InvalidInputError(f"node {name} declares {needs.ACCEL_RESOURCE} but not {needs.HOST_RESOURCE}")
+        found.append((needs.WorkerSpec(name, int(resources[needs.ACCEL_RESOURCE]) * MiB,
+                                       int(resources[needs.HOST_RESOURCE]) * MiB), node["NodeID"]))
+    return sorted(found, key=lambda item: item[0].name)
+
+
+def start_workers(session: Session, config: ServerConfig) -> set[str]:
+    """One worker actor per device node; waits until all are up and returns the node classes their
+    servers know (the intersection)."""
+    import ray
+
+    found = cluster_workers()
+    if not found:
+        raise InvalidInputError(f"no Ray node declares {needs.ACCEL_RESOURCE}: start nodes with `ray start "
+                                f"--resources '{{\"{needs.ACCEL_RESOURCE}\": MiB, \"{needs.HOST_RESOURCE}\": MiB}}'`")
+    actors = {spec.name: (spec, worker_actor(node_id, spec.name, config)) for spec, node_id in found}
+    infos = ray.get([actor.ready.remote() for _, actor in actors.values()])
+    classes = ray.get([actor.node_classes.remote() for _, actor in actors.values()])
+    for (name, (spec, actor)), info in zip(actors.items(), infos, strict=True):
+        session.workers[name] = (spec, actor, info)
+    known = set(classes[0])
+    for more in classes[1:]:
+        known &= set(more)
+    return known
+
+
+@dataclass
+class _Running:
+    job: Job
+    rungs: list
+    rung: int
+    attempt: int
+    oom_retried: bool = False
+
+
+def _diagnosis(error: str) -> str:
+    from h3director.core.oom import explain_log, format_explanations
+
+    return format_explanations(explain_log(error))
+
+
+def _write_outputs(out_dir: Path, job_id: str, files: dict[str, bytes]) -> str:
+    from h3director.core.atomic_file import atomic_path
+
+    folder = out_dir / job_id
+    for relative, data in files.items():
+        name = Path(relative).name  # ComfyUI's subfolder is h3farm/<job id>/: the job folder replaces it
+        with atomic_path(folder / name) as temporary:
+            temporary.write_bytes(data)
+    return str(folder)
+
+
+class Farm:
+    """One run of a job file against a connected `Session` (see `run_farm`)."""
+
+    def __init__(self, session: Session, ledger: Ledger, out_dir: Path, display):
+        self.session, self.ledger, self.out_dir, self.display = session, ledger, out_dir, display
+        self.task = job_task()
+        self.pending: dict[object, _Running] = {}
+
+    def refuse(self, job_id: str, line: int, reason: str) -> None:
+        self.ledger.refuse(job_id, line, reason)
+        self.display.event(f"[refused] {job_id}: {reason}")
+
+    def prepare(self, jobs: list[Job], known: set[str]) -> list[_Running]:
+        """Check node classes, price every job, register it; the jobs to run (done ones skipped)."""
+        specs = [spec for spec, _, _ in self.session.workers.values()]
+        runnable = []
+        for job in jobs:
+            missing = unknown_classes(job, known)
+            if missing:
+                self.refuse(job.id, job.line, f"unknown node classes {missing}: the workers' ComfyUI does not "
+                            "have them (missing custom nodes?)")
+                continue
+            try:
+                rungs = needs.ladder(job)
+                first = needs.first_rung(rungs, specs)
+            except (InvalidInputError, BudgetError) as error:
+                self.refuse(job.id, job.line, str(error))
+                continue
+            row = self.ledger.sync(job.id, job.line, job.spec_hash)
+            if row.state == "done":
+                if row.error:
+                    self.display.event(f"[kept] {job.id}: {row.error}")
+                continue
+            runnable.append(_Running(job, rungs, first, 0))
+        return runnable
+
+    def submit(self, item: _Running) -> None:
+        rung = item.rungs[item.rung]
+        item.attempt = self.ledger.start_attempt(item.job.id, rung.index, rung.settings, rung.device_bytes,
+                                                 rung.device_mb)
+        workflow = needs.apply_rung(rung, item.job.workflow)
+        ref = self.task.options(resources={needs.ACCEL_RESOURCE: rung.device_mb, needs.HOST_RESOURCE: rung.host_mb},
+                                name=f"h3farm-job-{item.job.id}").remote(item.job.id, workflow)
+        self.pending[ref] = item
+
+    def handle(self, ref) -> None:
+        import ray
+
+        item = self.pending.pop(ref)
+        job_id = item.job.id
+        try:
+            result = ray.get(ref)
+        except ray.exceptions.RayError as error:
+            reason = f"worker lost: {type(error).__name__}"
+            self.ledger.end_attempt(job_id, item.attempt, "worker lost", error=str(error)[:2000])
+            if item.attempt >= MAX_ATTEMPTS:
+                self.ledger.fail(job_id, f"{reason}, {item.attempt} attempts")
+                self.display.event(f"[failed] {job_id}: {reason} ({item.attempt} attempts)")
+                return
+            self.ledger.requeue(job_id, reason)
+            self.display.event(f"[requeued] {job_id}: {reason}")
+            self.submit(item)
+            return
+        where = {"worker": result["worker"], "node_id": result["node_id"], "started_at": result["held_from"],
+                 "ended_at": result["held_to"]}
+        self.ledger.end_attempt(job_id, item.attempt, result["status"], error=result["error"], **where)
+        if result["status"] == "done":
+            output = _write_outputs(self.out_dir, job_id, result["files"])
+            self.ledger.finish(job_id, worker=result["worker"], device=result["device"],
+                               measured_peak_bytes=result["peak_bytes"], started_at=result["held_from"],
+                               finished_at=result["held_to"], output=output)
+            self.display.event(f"[done] {job_id} on {result['worker']} ({result['seconds']:.1f} s)")
+            return
+        if result["status"] == "oom":
+            cheaper = needs.next_rung(item.rungs, item.rung)
+            if cheaper is not None and not item.oom_retried:
+                item.rung, item.oom_retried = cheaper, True
+                self.ledger.requeue(job_id, f"out of memory; retrying with {item.rungs[cheaper].describe()}")
+                self.display.event(f"[oom] {job_id}: retrying with {item.rungs[cheaper].describe()}")
+                self.submit(item)
+                return
+            why = "no cheaper setting left" if cheaper is None else "out of memory again on the cheaper setting"
+            message = f"out of memory ({why}): {result['error']}\n{_diagnosis(result['error'])}"
+        else:
+            message = result["error"] or "failed"
+        self.ledger.fail(job_id, message, worker=result["worker"], device=result["device"],
+                         started_at=result["held_from"], finished_at=result["held_to"])
+        self.display.event(f"[failed] {job_id}: {message.splitlines()[0][:200]}")
+
+    def run(self, items: list[_Running]) -> None:
+        import ray
+
+        for item in items:
+            self.submit(item)
+        while self.pending:
+            done, _ = ray.wait(list(self.pending), num_returns=1, timeout=0.5)
+            for ref in done:
+                self.handle(ref)
+            self.display.refresh()
+
+
+def run_farm(jobs_path: str | Path, out_dir: str | Path, *, address: str | None, workers: list[needs.WorkerSpec],
+             config: ServerConfig, console) -> int:
+    """Run every job of `jobs_path`; 0 when all are done, 1 when some failed or were refused."""
+    from h3director.farm.progress import Display, counts_line, final_table
+
+    out_dir = Path(out_dir)
+    jobs, errors = read_jobs(jobs_path)
+    ledger = Ledger(out_dir / LEDGER_NAME)
+    try:
+        recovered = ledger.recover()
+        with Display(console, ledger) as display:
+            if recovered:
+                display.event(f"resuming: {len(recovered)} job(s) a previous driver left running are queued again")
+            for error in errors:
+                display.event(f"[refused] {error}")
+                if error.job_id and not any(j.id == error.job_id for j in jobs):
+                    ledger.refuse(error.job_id, error.line, error.message)
+            session = connect(address, workers)
+            try:
+                known = start_workers(session, config)
+                display.event("workers: " + ", ".join(
+                    f"{name} ({spec.accel_mb} MiB)" for name, (spec, _, _) in session.workers.items()))
+                farm = Farm(session, ledger, out_dir, display)
+                farm.run(farm.prepare(jobs, known))
+            finally:
+                session.close()
+        ids = [job.id for job in jobs]
+        rows = [row for row in ledger.rows() if row.id in ids]
+        console.print(final_table(rows))
+        console.print(counts_line(ledger.counts()))
+        return 0 if not errors and all(row.state == "done" for row in rows) else 1
+    finally:
+        ledger.close()
