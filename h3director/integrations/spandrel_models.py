@@ -1,0 +1,87 @@
+"""spandrel upscale models (what ComfyUI's UPSCALE_MODEL holds, and what `h3director upscale` loads) as `UpscaleModel`s.
+
+`load_upscale_model(path)` loads a `.pth`/`.safetensors` file with `spandrel.ModelLoader` (imported here, lazily: it
+needs torchvision) and checks it is an image-to-image upscaler; `from_descriptor(descriptor)` wraps a loaded
+`spandrel.ImageModelDescriptor` (ComfyUI's UPSCALE_MODEL is one). Seams: architectures in `EXACT_ARCHITECTURES` are
+purely convolutional (verified: tiled = untiled up to float rounding, tests/test_upscale_spandrel.py and
+bench/upscale_seams.py); their receptive field is derived from their layers. Every other architecture (windowed
+attention, channel attention with global pooling, ...) is treated as not exact and gets the feathered blend.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from h3director.errors import InvalidInputError
+from h3director.video.upscale import UpscaleModel
+from h3director.video.upscale_field import derive_field
+
+EXACT_ARCHITECTURES = frozenset({"ESRGAN", "Compact"})
+"""spandrel architecture ids whose every operation is a local convolution, pointwise or nearest resampling:
+ESRGAN/RRDB (also the pixel-unshuffle x1/x2 variants) and RealESRGAN Compact (SRVGGNetCompact)."""
+INSTALL_HINT = ("loading upscale models needs spandrel (which needs torchvision): "
+                "pip install 'h3director[upscale]' in an environment whose torch has a matching torchvision")
+
+
+def import_spandrel():
+    """The `spandrel` module, or an `InvalidInputError` that says how to install it."""
+    try:
+        import spandrel
+    except ImportError as exc:
+        raise InvalidInputError(f"{INSTALL_HINT} ({exc})") from None
+    return spandrel
+
+
+def check_upscaler(descriptor, what: str) -> None:
+    """Refuse anything but a 3-channel in, 3-channel out image model with an integer scale >= 1."""
+    spandrel = import_spandrel()
+    if not isinstance(descriptor, spandrel.ImageModelDescriptor):
+        raise InvalidInputError(f"{what} is a {type(descriptor).__name__}, not an image-to-image upscale model "
+                                "(spandrel ImageModelDescriptor)")
+    if int(descriptor.scale) < 1 or descriptor.input_channels != 3 or descriptor.output_channels != 3:
+        raise InvalidInputError(
+            f"{what} ({descriptor.architecture.name}) is not an RGB upscaler: scale {descriptor.scale}, "
+            f"{descriptor.input_channels} input and {descriptor.output_channels} output channels "
+            "(expected scale >= 1, 3 and 3)")
+
+
+def from_descriptor(descriptor, *, device: torch.device | str | None = None,
+                    dtype: torch.dtype | None = None) -> UpscaleModel:
+    """An `UpscaleModel` calling the spandrel descriptor (which clamps to [0, 1] and pads to its size rule)."""
+    check_upscaler(descriptor, "the model")
+    if device is not None or dtype is not None:
+        descriptor.to(device=device, dtype=dtype)
+    descriptor.eval()
+    arch = descriptor.architecture.id
+    alignment = max(1, int(descriptor.size_requirements.multiple_of))
+    params = next(descriptor.model.parameters(), None)
+    run_device = params.device if params is not None else torch.device("cpu")
+    run_dtype = params.dtype if params is not None else torch.float32
+    exact = arch in EXACT_ARCHITECTURES
+    radius = None
+    if exact:
+        probe = max(32, alignment * 8, int(descriptor.size_requirements.minimum))
+        info = derive_field(descriptor.model, device=run_device, dtype=run_dtype, probe_size=probe)
+        radius, alignment = info.radius, max(alignment, info.alignment)
+        exact = info.convolutional
+    return UpscaleModel(descriptor, int(descriptor.scale), radius, exact, f"{descriptor.architecture.name} "
+                        f"{descriptor.scale}x", alignment, run_device, run_dtype, descriptor.model)
+
+
+def load_upscale_model(path: str | os.PathLike, *, device: torch.device | str = "cpu") -> UpscaleModel:
+    """Load `path` (.pth, .pt, .ckpt or .safetensors) with spandrel and wrap it; bad files are `InvalidInputError`."""
+    source = Path(path)
+    if not source.is_file():
+        raise InvalidInputError(f"{source}: no such model file")
+    spandrel = import_spandrel()
+    try:
+        descriptor = spandrel.ModelLoader(device=torch.device(device)).load_from_file(str(source))
+    except spandrel.UnsupportedModelError:
+        raise InvalidInputError(f"{source}: not a model architecture spandrel knows (not an upscaler?)") from None
+    except Exception as exc:  # noqa: BLE001 - spandrel and torch raise many kinds for a malformed file
+        raise InvalidInputError(f"{source}: cannot load the model ({type(exc).__name__}: {exc})") from None
+    check_upscaler(descriptor, str(source))
+    return from_descriptor(descriptor)
