@@ -47,14 +47,18 @@ class MovingScenes:
         """Frame t, float32 `[H, W, 3]`; with `detail` the fine layer is added (the detailed truth)."""
         scene = 1 if self.cut_at is not None and t >= self.cut_at else 0
         base_waves, detail_waves, tint = self._scenes[scene]
-        y, x = np.mgrid[0:self.height, 0:self.width].astype(np.float64)
-        x, y = x + self.shift[0] * t, y + self.shift[1] * t
-        base = np.mean([np.sin(kx * x + ky * y + p) for kx, ky, p in base_waves], axis=0)   # within [-1, 1]
-        gray = (0.725 if scene else 0.275) + 0.15 * base
-        if detail:
-            fine = np.mean([np.sin(kx * x + ky * y + p) for kx, ky, p in detail_waves], axis=0)
-            gray = gray + self.detail_amplitude * fine
-        return np.clip(gray[..., None] + tint, 0.0, 1.0).astype(np.float32)
+        x = np.arange(self.width, dtype=np.float64)[None, :] + self.shift[0] * t
+        y = np.arange(self.height, dtype=np.float64)[:, None] + self.shift[1] * t
+        gray = np.full((self.height, self.width), 0.725 if scene else 0.275)
+        layers = [(base_waves, 0.15)] + ([(detail_waves, self.detail_amplitude)] if detail else [])
+        for waves, amplitude in layers:                      # amplitude * mean of the sinusoids
+            for kx, ky, p in waves:
+                phase = kx * x + (ky * y + p)                # one [H, W] plane (x, y broadcast)
+                gray += np.sin(phase, out=phase) * (amplitude / len(waves))
+        out = np.empty((self.height, self.width, 3), np.float32)
+        for channel in range(3):
+            np.clip(gray + tint[channel], 0.0, 1.0, out=out[..., channel])
+        return out
 
     def clip(self, detail: bool = False) -> np.ndarray:
         """All frames `[F, H, W, 3]` float32 (for small test clips; benchmarks render frame by frame)."""

@@ -1,0 +1,150 @@
+"""Keyframe detailing vs detailing every frame: detailer calls, host peak memory, and PSNR of the carried detail.
+
+Content: `h3director.video.synthetic_motion.MovingScenes` (a smooth texture translating `--shift` px per frame,
+one scene, float32 RGB) and its known detail layer. The "detailer" is an oracle that returns the detailed truth
+of each frame it is given (the all-frames-detailed result is therefore the truth itself), so the PSNR measures
+only what carrying the detail from keyframes loses. Keyframes: every `--n`-th frame plus the last.
+
+Memory: the originals (an in-memory float32 IMAGE, as ComfyUI holds it) are built first; then each way is
+measured in this one process with `tracemalloc` (peak of numpy/Python allocations above the moment the way
+starts; OpenCV's internal scratch (flow pyramids) is not counted, it is per frame):
+- all frames: the detailer on the whole clip (F frames in, F out), as a detailer node on a video does;
+- keyframes -> IMAGE: Keyframe Select's batch (K), the detailer on it (K out), Keyframe Merge into one
+  preallocated F-frame float32 output (the node; the K-frame batches stay alive, as ComfyUI keeps node outputs);
+- keyframes -> file: the same, but the merged frames streamed to a uint8 `.npy` memmap (file pages, not traced).
+PSNR (dB, over the frames between keyframes, values in [0, 1]) of the merge against the all-frames result,
+with and without flow warping, and of the undetailed originals.
+
+    .venv/bin/python bench/keyframe_detail.py [--frames 121] [--width 640] [--height 360] [--n 5] [--shift 2 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+from h3director.video import detail_carry, keyframes
+from h3director.video.synthetic_motion import MovingScenes
+
+
+class OracleDetailer:
+    """Returns the detailed truth of the frames it is given (by index) and counts the frames it detailed."""
+
+    def __init__(self, clip: MovingScenes) -> None:
+        self.clip, self.frames_detailed, self.calls = clip, 0, 0
+
+    def __call__(self, frames: np.ndarray, indices) -> np.ndarray:
+        """The detailed truth of `frames` `[K, H, W, 3]`, which are the clip's frames `indices`."""
+        if len(frames) != len(indices):
+            raise ValueError(f"{len(frames)} frames for {len(indices)} indices")
+        self.calls += 1
+        self.frames_detailed += len(indices)
+        out = np.empty((len(indices), self.clip.height, self.clip.width, 3), np.float32)
+        for slot, t in enumerate(indices):
+            out[slot] = self.clip.render(t, detail=True)
+        return out
+
+
+def traced(run) -> tuple[object, int]:
+    """(result of run(), peak traced bytes above the start)."""
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    start = tracemalloc.get_traced_memory()[0]
+    result = run()
+    peak = tracemalloc.get_traced_memory()[1] - start
+    tracemalloc.stop()
+    return result, peak
+
+
+def psnr_between(out_frames, truth: MovingScenes, skip: set[int]) -> float:
+    """PSNR (dB) of the frames not in `skip` against the detailed truth, accumulated frame by frame."""
+    squared, count = 0.0, 0
+    for t, frame in enumerate(out_frames):
+        if t in skip:
+            continue
+        squared += float(np.sum((frame.astype(np.float64) - truth.render(t, detail=True)) ** 2))
+        count += frame.size
+    return float(10 * np.log10(1.0 / (squared / count)))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--frames", type=int, default=121)
+    parser.add_argument("--width", type=int, default=640)
+    parser.add_argument("--height", type=int, default=360)
+    parser.add_argument("--n", type=int, default=5)
+    parser.add_argument("--shift", type=float, nargs=2, default=(2.0, 1.0))
+    args = parser.parse_args()
+    clip = MovingScenes(frames=args.frames, height=args.height, width=args.width, shift=tuple(args.shift))
+    originals = np.stack([clip.render(t) for t in range(args.frames)])
+    frame_mib = originals[0].nbytes / 2**20
+    print(f"clip: {args.frames} frames {args.width}x{args.height} float32 RGB ({originals.nbytes / 2**20:.0f} MiB, "
+          f"{frame_mib:.2f} MiB a frame), shift {tuple(args.shift)} px/frame, keyframes every {args.n}", flush=True)
+    rows = []
+
+    detailer = OracleDetailer(clip)
+    started = time.perf_counter()
+    everything, peak = traced(lambda: detailer(originals, range(args.frames)))
+    rows.append(("all frames (detailer on the clip)", detailer.frames_detailed, peak, time.perf_counter() - started))
+    del everything
+
+    def keyframes_into_image():
+        selection = keyframes.select_keyframes(originals, "every_n", n=args.n)
+        batch = keyframes.gather_keyframes(originals, selection.indices)
+        detailed = detailer(batch, selection.indices)
+        out = np.empty(detail_carry.output_shape(originals, detailed, selection.indices), np.float32)
+        return detail_carry.merge_into(out, originals, detailed, selection.indices, flow_warp=True)
+
+    def keyframes_to_file(path):
+        selection = keyframes.select_keyframes(originals, "every_n", n=args.n)
+        batch = keyframes.gather_keyframes(originals, selection.indices)
+        detailed = detailer(batch, selection.indices)
+        sink = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=originals.shape)
+        for t, frame in enumerate(detail_carry.carry_detail(originals, detailed, selection.indices, flow_warp=True)):
+            sink[t] = np.rint(frame * 255.0)
+        sink.flush()
+        return selection.indices
+
+    for label, run in (("keyframes -> one IMAGE (Keyframe Merge node)", keyframes_into_image),
+                       ("keyframes -> uint8 .npy, streamed", None)):
+        detailer.frames_detailed = 0
+        started = time.perf_counter()
+        if run is None:
+            with tempfile.TemporaryDirectory() as folder:
+                indices, peak = traced(lambda folder=folder: keyframes_to_file(Path(folder) / "out.npy"))
+        else:
+            merged, peak = traced(run)
+            del merged
+        rows.append((label, detailer.frames_detailed, peak, time.perf_counter() - started))
+
+    indices = keyframes.every_n_indices(args.frames, args.n)
+    detailed = np.stack([clip.render(t, detail=True) for t in indices])
+    skip = set(indices)
+    quality = {
+        "flow warp": psnr_between(detail_carry.carry_detail(originals, detailed, indices, flow_warp=True), clip, skip),
+        "no warp": psnr_between(detail_carry.carry_detail(originals, detailed, indices, flow_warp=False), clip, skip),
+        "no detail (originals)": psnr_between(iter(originals), clip, skip),
+    }
+    print()
+    print("| way | frames detailed | host peak above the input (tracemalloc) | peak / all frames | wall |")
+    print("|---|---|---|---|---|")
+    for label, detailed_frames, peak, seconds in rows:
+        print(f"| {label} | {detailed_frames} | {peak / 2**20:.1f} MiB ({peak / originals[0].nbytes:.1f} frames) "
+              f"| {peak / rows[0][2]:.3f} | {seconds:.1f} s |")
+    print()
+    print(f"| carried detail, {args.frames - len(indices)} frames between {len(indices)} keyframes | PSNR vs all frames "
+          "detailed |")
+    print("|---|---|")
+    for label, value in quality.items():
+        print(f"| {label} | {value:.2f} dB |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
