@@ -55,6 +55,8 @@ def test_scene_mode_finds_the_cut_and_brackets_it(moving):
     selection = keyframes.select_keyframes(originals, "scene", threshold=0.4)
     assert selection.indices == (0, 13, 14, 23)
     assert selection.scores[14] > 0.4 and np.delete(selection.scores, 14).max() < 0.05
+    combined = keyframes.select_keyframes(originals, "every_n+scene", n=5, threshold=0.4)
+    assert combined.indices == (0, 5, 10, 13, 14, 15, 20, 23)
 
 
 def test_motion_mode_finds_the_peaks_with_the_minimum_spacing():
@@ -189,6 +191,10 @@ def test_bad_selection_parameters_are_refused(moving):
     for threshold in (0.0, 1.0, -0.2, 1.5):
         with pytest.raises(InvalidInputError, match=r"scene threshold must be in \(0, 1\)"):
             keyframes.select_keyframes(originals, "scene", threshold=threshold)
+    with pytest.raises(InvalidInputError, match=r"scene threshold must be in \(0, 1\)"):
+        keyframes.select_keyframes(originals, "every_n+scene", n=5, threshold=1.0)
+    with pytest.raises(InvalidInputError, match="at least n=30 frames"):
+        keyframes.select_keyframes(originals, "every_n+scene", n=30)
     with pytest.raises(InvalidInputError, match="min_spacing"):
         keyframes.select_keyframes(originals, "motion", min_spacing=0)
     with pytest.raises(InvalidInputError, match="unknown keyframe mode"):

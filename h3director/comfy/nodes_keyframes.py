@@ -26,15 +26,15 @@ class KeyframeSelect(io.ComfyNode):
             description="Picks keyframes for keyframe-only detailing; the first and last frame are always in. "
                         "every_n: every n-th frame (a clip shorter than n is refused). scene: both sides of each "
                         "cut, where the scene score (min of the mean luma change and its change from the previous "
-                        "pair, in [0, 1], as ffmpeg's select=gt(scene,T)) exceeds threshold. motion: peaks of the "
+                        "pair, in [0, 1], as ffmpeg's select=gt(scene,T)) exceeds threshold. every_n+scene: both. motion: peaks of the "
                         "mean optical-flow magnitude, at least min_spacing frames apart. Outputs the keyframes as "
                         "a batch and their indices (JSON list text) for H3Director Keyframe Merge.",
             inputs=[
                 io.Image.Input("images"),
                 io.Combo.Input("mode", options=list(keyframes.MODES), default="every_n"),
-                io.Int.Input("n", default=5, min=1, max=4096, tooltip="every_n: keyframe spacing in frames"),
+                io.Int.Input("n", default=5, min=1, max=4096, tooltip="every_n, every_n+scene: keyframe spacing in frames"),
                 io.Float.Input("threshold", default=0.4, min=0.01, max=0.99, step=0.01,
-                               tooltip="scene: a frame whose scene score is above this starts a new scene"),
+                               tooltip="scene, every_n+scene: a frame whose scene score is above this starts a new scene"),
                 io.Int.Input("min_spacing", default=5, min=1, max=4096,
                              tooltip="motion: fewest frames between two motion peaks"),
             ],

@@ -14,6 +14,7 @@ Modes (`select_keyframes`):
   ``mafd[t] = mean |Y[t] - Y[t-1]|`` (``mafd[0] = 0``),
   ``score[t] = clip(min(mafd[t], |mafd[t] - mafd[t-1]|), 0, 1)``, ``score[0] = 0``.
   A cut scores high once; steady motion (a high but unchanging mafd) scores low.
+- ``every_n+scene``: the union of the two (keyframes inside long scenes, and no carry across a cut).
 - ``motion``: frames where the mean optical-flow magnitude peaks. ``motion[t]`` = mean length, in
   pixels of the input, of the Farneback flow from frame t - 1 to frame t (``motion[0] = 0``),
   measured on frames scaled so their longer side is at most `analysis_side` px. Peaks are local
@@ -32,7 +33,7 @@ import numpy as np
 from h3director.errors import InvalidInputError
 from h3director.video import optical_flow
 
-MODES = ("every_n", "scene", "motion")
+MODES = ("every_n", "scene", "every_n+scene", "motion")
 LUMA = np.float32([0.299, 0.587, 0.114])
 
 
@@ -158,10 +159,11 @@ def select_keyframes(frames, mode: str, *, n: int = 5, threshold: float = 0.4, m
     count = frame_count(frames)
     if mode == "every_n":
         return KeyframeSelection(every_n_indices(count, int(n)), None, mode)
-    if mode == "scene":
+    if mode in ("scene", "every_n+scene"):
         check_threshold(threshold)
+        regular = every_n_indices(count, int(n)) if mode == "every_n+scene" else ()
         scores = scene_scores(frames)
-        return KeyframeSelection(scene_indices(scores, threshold), scores, mode)
+        return KeyframeSelection(tuple(sorted(set(regular) | set(scene_indices(scores, threshold)))), scores, mode)
     if mode == "motion":
         if int(min_spacing) < 1:
             raise InvalidInputError(f"min_spacing must be >= 1 frame, got {min_spacing}")
