@@ -30,32 +30,8 @@ import copy
 from dataclasses import dataclass
 
 from h3director.errors import InvalidInputError
+from h3director.integrations.placement_devices import resolve_device
 from h3director.plan.placement import parse_placement
-
-
-def available_devices() -> list[str]:
-    """The devices a placement may name on this machine: "cpu", then "cuda:0".."cuda:N-1"
-    (`torch.cuda.device_count()`), then "mps" where available."""
-    import torch
-
-    names = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        names.append("mps")
-    return names
-
-
-def resolve_device(name: str):
-    """`torch.device` for a placement device name ("cpu", "cuda", "cuda:N", "mps") that exists here;
-    `InvalidInputError` naming the available devices otherwise."""
-    import torch
-
-    available = available_devices()
-    wanted = name
-    if name == "cuda" and torch.cuda.is_available():
-        wanted = f"cuda:{torch.cuda.current_device()}"
-    if wanted not in available:
-        raise InvalidInputError(f"device {name} does not exist on this machine: available {', '.join(available)}")
-    return torch.device(wanted)
 
 
 @dataclass(frozen=True)
