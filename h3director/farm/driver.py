@@ -247,7 +247,7 @@ class Farm:
                 self.display.event(f"[oom] {job_id}: retrying with {item.rungs[cheaper].describe()}")
                 self.submit(item)
                 return
-            why = "no cheaper setting left" if cheaper is None else "out of memory again on the cheaper setting"
+            why = "out of memory again on the cheaper setting" if item.oom_retried else "no cheaper setting left"
             message = f"out of memory ({why}): {result['error']}\n{_diagnosis(result['error'])}"
         else:
             message = result["error"] or "failed"

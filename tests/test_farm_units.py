@@ -1,0 +1,162 @@
+"""The farm's pieces without Ray or ComfyUI: job lines, the planner's rungs, worker specs, the ledger,
+and the CLI's refusals (an unreachable cluster, a missing ledger)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from h3director.errors import BudgetError, InvalidInputError
+from h3director.farm import needs
+from h3director.farm.jobs import parse_jobs, unknown_classes, with_output_prefix
+from h3director.farm.ledger import Ledger
+from h3director.units import GiB
+
+WORKFLOW = {
+    "1": {"class_type": "EmptyMiniMaxH3LatentAV", "inputs": {"width": 128, "height": 128, "length": 22}},
+    "2": {"class_type": "VAELoader", "inputs": {"vae_name": "v.safetensors"}},
+    "4": {"class_type": "H3DirectorDecodeAVStreaming", "inputs": {
+        "samples": ["1", 0], "vae": ["2", 0], "filename_prefix": "video/x", "budget_gb": 0.0}},
+}
+
+
+@pytest.fixture
+def folder(tmp_path):
+    (tmp_path / "wf.json").write_text(json.dumps(WORKFLOW))
+    return tmp_path
+
+
+def _lines(*objects) -> str:
+    return "\n".join(o if isinstance(o, str) else json.dumps(o) for o in objects)
+
+
+def test_overrides_reach_the_nodes_and_the_geometry(folder):
+    jobs, errors = parse_jobs(_lines({"id": "a", "workflow": "wf.json", "width": 256, "frames": 39,
+                                      "set": {"4": {"crf": 20}}}), folder)
+    assert errors == []
+    job = jobs[0]
+    assert job.workflow["1"]["inputs"] == {"width": 256, "height": 128, "length": 39}
+    assert job.workflow["4"]["inputs"]["samples"] == ["1", 0]      # links are never overridden
+    assert job.workflow["4"]["inputs"]["crf"] == 20
+    assert (job.width, job.height, job.frames) == (256, 128, 39)
+    assert with_output_prefix(job.workflow, "a")["4"]["inputs"]["filename_prefix"] == "h3farm/a/x"
+
+
+def test_each_bad_line_gets_its_own_error_and_the_others_go_on(folder):
+    (folder / "ui.json").write_text(json.dumps({"nodes": [], "links": []}))
+    text = _lines({"id": "ok", "workflow": "wf.json"}, "{not json", {"id": "ok", "workflow": "wf.json"},
+                  {"id": "p", "workflow": "wf.json", "prompt": "a cat"}, {"id": "d", "diffusers": {"model": "x"}},
+                  {"id": "u", "workflow": "ui.json"}, {"id": "m", "workflow": "missing.json"},
+                  {"id": "bad id!", "workflow": "wf.json"}, {"id": "k", "workflow": "wf.json", "colour": 1},
+                  {"id": "s", "workflow": "wf.json", "seed": "7"}, "", "# a comment")
+    jobs, errors = parse_jobs(text, folder)
+    assert [j.id for j in jobs] == ["ok"]
+    messages = {e.line: e.message for e in errors}
+    assert "malformed JSON" in messages[2]
+    assert "duplicate job id 'ok'" in messages[3]
+    assert "override 'prompt' matches no node input" in messages[4]
+    assert "'diffusers' pipeline specs are not run" in messages[5]
+    assert "UI format" in messages[6]
+    assert "cannot read workflow" in messages[7]
+    assert "'id' must be" in messages[8]
+    assert "unknown keys ['colour']" in messages[9]
+    assert "seed must be an integer" in messages[10]
+    assert len(errors) == 9
+
+
+def test_unknown_node_classes_are_named(folder):
+    jobs, _ = parse_jobs(_lines({"id": "a", "workflow": "wf.json"}), folder)
+    assert unknown_classes(jobs[0], {"EmptyMiniMaxH3LatentAV", "VAELoader"}) == ["H3DirectorDecodeAVStreaming"]
+
+
+def test_decode_rungs_get_cheaper_and_reach_the_decode_node(folder):
+    jobs, _ = parse_jobs(_lines({"id": "a", "workflow": "wf.json", "width": 512, "height": 512}), folder)
+    rungs = needs.ladder(jobs[0])
+    assert len(rungs) >= 2
+    assert all(a.device_bytes > b.device_bytes for a, b in zip(rungs, rungs[1:], strict=False))
+    applied = needs.apply_rung(rungs[1], jobs[0].workflow)
+    assert applied["4"]["inputs"]["budget_gb"] == rungs[1].settings["budget_gb"]
+    assert applied["4"]["inputs"]["budget_gb"] * GiB >= rungs[1].device_bytes
+    assert jobs[0].workflow["4"]["inputs"]["budget_gb"] == 0.0        # the job's own workflow is untouched
+
+
+def test_a_job_no_worker_fits_is_refused_with_the_plan(folder):
+    jobs, _ = parse_jobs(_lines({"id": "a", "workflow": "wf.json"}), folder)
+    rungs = needs.ladder(jobs[0])
+    small = needs.WorkerSpec("small", rungs[-1].device_bytes - GiB, 64 * GiB)
+    with pytest.raises(BudgetError, match="no worker fits this job") as info:
+        needs.first_rung(rungs, [small])
+    assert "worker small: device" in str(info.value) and "decode" in str(info.value)
+    big = needs.WorkerSpec("big", rungs[0].device_bytes + GiB, 64 * GiB)
+    assert needs.first_rung(rungs, [small, big]) == 0
+
+
+def test_geometry_off_the_grid_or_missing_is_refused(folder):
+    jobs, _ = parse_jobs(_lines({"id": "a", "workflow": "wf.json", "frames": 23}), folder)
+    with pytest.raises(InvalidInputError, match="17n\\+5 grid"):
+        needs.ladder(jobs[0])
+    (folder / "nogeo.json").write_text(json.dumps({"2": WORKFLOW["2"], "4": WORKFLOW["4"]}))
+    jobs, _ = parse_jobs(_lines({"id": "b", "workflow": "nogeo.json"}), folder)
+    with pytest.raises(InvalidInputError, match="no frames, width, height"):
+        needs.ladder(jobs[0])
+
+
+def test_worker_specs():
+    workers = needs.parse_workers("gpu0=24GB, gpu1=12GB:32GB", 8 * GiB)
+    assert [(w.name, w.accel_mb, w.host_mb) for w in workers] == [("gpu0", 24 * 1024, 8 * 1024),
+                                                                   ("gpu1", 12 * 1024, 32 * 1024)]
+    for bad, match in (("gpu0", "NAME=ACCEL"), ("a=1GB,a=2GB", "duplicate"), ("a b=1GB", "letters"),
+                       ("a=lots", "cannot read size")):
+        with pytest.raises(InvalidInputError, match=match):
+            needs.parse_workers(bad, GiB)
+
+
+def test_ledger_never_redoes_a_done_job_and_resumes_a_dead_drivers_jobs(tmp_path):
+    path = tmp_path / "farm.sqlite"
+    with Ledger(path) as ledger:
+        for job_id in ("a", "b", "c"):
+            ledger.sync(job_id, 1, "h")
+        attempt = ledger.start_attempt("a", 0, {"budget_gb": 1.0}, 5 * GiB, 5120)
+        ledger.end_attempt("a", attempt, "done", worker="w0", node_id="n", started_at=1.0, ended_at=2.0)
+        ledger.finish("a", worker="w0", device="cpu", measured_peak_bytes=10, started_at=1.0, finished_at=2.0,
+                      output="out/a")
+        ledger.start_attempt("b", 0, {}, GiB, 1024)                 # the driver dies here
+    assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    with Ledger(path) as ledger:
+        assert ledger.recover() == ["b"]
+        assert ledger.sync("a", 1, "h").state == "done"            # kept, not queued again
+        assert ledger.get("b").state == "queued" and ledger.get("b").attempts == 1
+        assert ledger.attempts("b")[0]["result"] == "driver lost"
+        changed = ledger.sync("a", 1, "other")
+        assert changed.state == "done" and "different workflow" in changed.error
+        assert ledger.counts() == {"queued": 2, "running": 0, "done": 1, "failed": 0, "refused": 0}
+        assert ledger.get("a").seconds == 1.0
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_cluster_that_does_not_answer_is_a_clear_error(tmp_path):
+    """A closed port is refused by a TCP check before Ray is asked (the subprocess timeout bounds it)."""
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text("")
+    address = f"ray://127.0.0.1:{_closed_port()}"
+    done = subprocess.run([sys.executable, "-m", "h3director", "farm", "run", str(jobs), "--address", address,
+                           "--comfyui", str(tmp_path), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert f"Ray cluster at {address} does not answer" in done.stderr
+
+
+def test_status_without_a_ledger_says_how_to_make_one(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "h3director", "farm", "status", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "no farm ledger" in done.stderr
