@@ -8,6 +8,9 @@ clip at 2x.
 Checks: the indices travel as STRING from Select to Merge; the scene mode brackets the cut; the merged IMAGE
 equals the library's merge of the same decoded frames and sharpened keyframes bit for bit (computed in
 ComfyUI's Python, tests/comfy_harness/keyframe_reference.py); keyframes are the detailer's frames exactly.
+The example workflow `examples/h3_keyframe_detail_api.json` runs as shipped, with its two file names pointed at
+the test clip and a tiny random-init 4x upscaler (spandrel's Compact architecture, written by ComfyUI's Python),
+and saves an MP4 with every frame.
 """
 
 from __future__ import annotations
@@ -50,9 +53,14 @@ def _write_clip(path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def comfy(tmp_path_factory):
-    base = prepare_base(tmp_path_factory.mktemp("comfy-keyframe-base"), [],
+    base = prepare_base(tmp_path_factory.mktemp("comfy-keyframe-base"), ["models/upscale_models"],
                         {"h3director_keyframe_nodes": HARNESS / "keyframe_real_node"})
     _write_clip(base / "input" / "moving.mp4")
+    model = base / "models" / "upscale_models" / "tiny_compact_x4.safetensors"
+    code = ("import torch, safetensors.torch; from spandrel.architectures.Compact import Compact;"
+            "torch.manual_seed(0); m = Compact(num_in_ch=3, num_out_ch=3, num_feat=8, num_conv=2, upscale=4);"
+            f"safetensors.torch.save_file({{k: v.contiguous() for k, v in m.state_dict().items()}}, {str(model)!r})")
+    subprocess.run([comfyui_python(), "-c", code], check=True, timeout=300)
     with comfyui_server(base) as server:
         yield server
 
@@ -105,3 +113,22 @@ def test_select_sharpen_merge_equals_the_library(comfy):
     enlarged = torch.nn.functional.interpolate(originals[7:8].movedim(-1, 1), scale_factor=2, mode="bicubic")
     difference = (merged[7] - enlarged[0].movedim(0, -1)).abs()
     assert 0 < float(difference.mean()) < 0.05
+
+
+def test_the_example_workflow_runs(comfy):
+    import av
+
+    workflow = json.loads((REPO / "examples" / "h3_keyframe_detail_api.json").read_text())
+    loads = [node for node in workflow.values() if node["class_type"] == "LoadVideo"]
+    models = [node for node in workflow.values() if node["class_type"] == "UpscaleModelLoader"]
+    assert len(loads) == 1 and len(models) == 1
+    loads[0]["inputs"]["file"] = "moving.mp4"
+    models[0]["inputs"]["model_name"] = "tiny_compact_x4.safetensors"
+    result = submit(comfy, workflow)
+    assert result["status"]["status_str"] == "success", json.dumps(result["status"])[:4000]
+    saved = [item for output in result["outputs"].values() for item in output.get("images", [])]
+    assert len(saved) == 1, result["outputs"]
+    path = comfy["base"] / "output" / saved[0]["subfolder"] / saved[0]["filename"]
+    with av.open(str(path)) as container:
+        frames = [frame for frame in container.decode(video=0)]
+    assert len(frames) == FRAMES and (frames[0].width, frames[0].height) == (96, 64)
