@@ -129,6 +129,34 @@ def test_flow_warp_carries_translating_detail_closer_to_the_all_frames_result():
     assert warped > nothing + 2.0, (warped, nothing)
 
 
+def test_the_stream_holds_a_few_frames_not_the_clip():
+    import tracemalloc
+
+    clip = MovingScenes(frames=40, height=48, width=64)
+    originals, truth = clip.clip(), clip.clip(detail=True)
+    indices = keyframes.every_n_indices(40, 13)               # (0, 13, 26, 39)
+    detailed = truth[list(indices)]
+    frame_bytes = originals[0].nbytes
+    for _ in detail_carry.carry_detail(originals[:3], truth[[0, 2]], (0, 2), flow_warp=True):
+        pass                                                  # first use imports OpenCV: not traced
+    tracemalloc.start()
+    start = tracemalloc.get_traced_memory()[0]
+    for _ in detail_carry.carry_detail(originals, detailed, indices, flow_warp=True):
+        pass
+    peak = tracemalloc.get_traced_memory()[1] - start
+    tracemalloc.stop()
+    assert peak < 12 * frame_bytes, peak / frame_bytes        # 40 frames if the clip were held
+
+
+def test_half_precision_tensors_are_read_as_float32(moving):
+    originals, truth = moving
+    indices = (0, 5, 10)
+    half = torch.from_numpy(originals[:11]).to(torch.bfloat16)
+    detailed = torch.from_numpy(truth[list(indices)]).to(torch.bfloat16)
+    out = _carried(half, detailed, indices, False)
+    assert out.dtype == np.float32 and np.array_equal(out[5], detailed[1].float().numpy())
+
+
 def test_uint8_memmap_frames_give_the_float_result(moving, tmp_path):
     originals, truth = moving
     as_u8 = np.rint(originals * 255).astype(np.uint8)

@@ -62,8 +62,9 @@ def frame_float(frames, index: int) -> np.ndarray:
     """Frame `index` as float32 `[H, W, C]` in [0, 1] (uint8 divided by 255; a CPU torch float32
     frame is a view, not a copy)."""
     frame = frames[index]
-    if hasattr(frame, "detach"):
-        frame = frame.detach().cpu().numpy()
+    if hasattr(frame, "detach"):                             # torch: half precisions have no numpy dtype
+        frame = frame.detach().cpu()
+        frame = (frame if str(frame.dtype) in ("torch.float32", "torch.uint8") else frame.float()).numpy()
     frame = np.asarray(frame)
     if frame.dtype == np.uint8:
         return frame.astype(np.float32) / 255.0
