@@ -5,7 +5,9 @@ a flow field is float32 `[H, W, 2]` in pixels, channel 0 = x (columns), channel 
 
 `flow(source, target)` is the flow of `cv2.calcOpticalFlowFarneback(prev=source, next=target)`:
 pixel (y, x) of `source` shows what pixel (y + flow[y, x, 1], x + flow[y, x, 0]) of `target` shows.
-`warp(image, flow)` samples `image` at those positions (`cv2.remap`, bilinear, zero outside), so
+`warp(image, flow)` samples `image` at those positions (`cv2.remap`, Lanczos over 8x8 pixels, zero
+outside; detail residuals are mostly high frequencies, which bilinear sampling at sub-pixel positions
+would damp), so
 ``warp(target_image, flow(source, target))`` moves `target`'s content onto `source`'s pixel grid.
 To bring something that lives on frame k's grid to frame t, compute ``flow(t, k)`` and warp by it.
 
@@ -60,13 +62,13 @@ def resize_flow(field: np.ndarray, height: int, width: int) -> np.ndarray:
 
 
 def warp(image: np.ndarray, field: np.ndarray) -> np.ndarray:
-    """``out[y, x] = image[y + field[y, x, 1], x + field[y, x, 0]]`` (bilinear; 0 where that falls outside).
+    """``out[y, x] = image[y + field[y, x, 1], x + field[y, x, 0]]`` (Lanczos; 0 where that falls outside).
 
     `image` is float32 `[H, W, C]` and `field` float32 `[H, W, 2]` on the same grid."""
     cv2 = opencv()
     height, width = field.shape[:2]
     grid_x, grid_y = np.meshgrid(np.arange(width, dtype=np.float32), np.arange(height, dtype=np.float32))
-    warped = cv2.remap(image, grid_x + field[..., 0], grid_y + field[..., 1], interpolation=cv2.INTER_LINEAR,
+    warped = cv2.remap(image, grid_x + field[..., 0], grid_y + field[..., 1], interpolation=cv2.INTER_LANCZOS4,
                        borderMode=cv2.BORDER_CONSTANT, borderValue=0)
     return warped.reshape(image.shape)
 
