@@ -209,7 +209,8 @@ class Placement:
         return {
             "placement": spec,
             "node": f'H3Director Device Placement: placement "{spec}"',
-            "comfy_builtin": [f"{comfy_names[c]}: {_comfy_option(d)}" for c, d in self.assignment.items()],
+            "comfy_builtin": [f"{comfy_names[c]}: {_comfy_option(d)}" + (" (not offered there for VAEs)"
+                              if d == HOST and c.endswith("vae") else "") for c, d in self.assignment.items()],
             "diffusers": f'apply_placement(pipe, "{spec}")',
             "dit_memory": self.settings()["dit_memory"]["advice"],
         }
@@ -396,12 +397,13 @@ class _Search:
         return self._decode[key]
 
 
-def _score(request: PlanRequest, formats: Sequence[str], te_choice: int, policy: str, slack: int) -> tuple:
-    """Lower is better: DiT format, offloaded blocks, chunking (the recommender's order), then the text
-    resident policy (nothing reloaded per render), the text encoder's choice, the decode path, and the most
-    room left on the fullest device."""
+def _score(request: PlanRequest, formats: Sequence[str], te_choice: int, policy: str, shared: int,
+           slack: int) -> tuple:
+    """Lower is better: DiT format, offloaded blocks, chunking (the recommender's order), then the resident
+    policy (nothing reloaded per render), the text encoder's choice, the decode path, the fewest pairs of
+    components sharing an accelerator (fewer unloads when phased), and the most room left on the fullest device."""
     decode_rank = SINK_ORDER.index(request.sink) * len(DECODE_TILES) + DECODE_TILES.index(request.decode_tiles_per_call)
-    return _dit_rank(request, formats) + (POLICIES.index(policy), te_choice, decode_rank, -slack)
+    return _dit_rank(request, formats) + (POLICIES.index(policy), te_choice, decode_rank, shared, -slack)
 
 
 def _dit_rank(request: PlanRequest, formats: Sequence[str]) -> tuple:
@@ -516,7 +518,9 @@ def place(request: PlanRequest, devices: Sequence[DeviceSpec], *, host_bytes: in
                     continue
                 chosen, needs, per_device, host = found
                 slack = min(search.usable(d) - max(per_device[d].values()) for d in names)
-                key = _score(chosen, formats, te_rank, policy_name, slack)
+                on_devices = [d for d in assignment.values() if d != HOST]
+                shared = sum(on_devices.count(d) * (on_devices.count(d) - 1) // 2 for d in set(on_devices))
+                key = _score(chosen, formats, te_rank, policy_name, shared, slack)
                 if best is None or key < best[0]:
                     best = (key, chosen, assignment, policy_name, needs, per_device, host)
     if best is None:
