@@ -5,6 +5,7 @@ import dataclasses
 import json
 
 import pytest
+import torch
 
 from h3director.cli import main
 from h3director.errors import BudgetError, InvalidInputError
@@ -155,6 +156,9 @@ def test_plan_devices_refusals(capsys):
     assert "replaces --vram" in capsys.readouterr().err
     assert main(base + ["--devices", "cuda:0=24QB"]) == 2
     assert "unknown size unit" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(base + ["--devices", "auto"]) == 2
+        assert "--devices auto: no CUDA device here" in capsys.readouterr().err
     assert main(["plan", "--width", "1344", "--height", "768", "--frames", "991", "--devices",
                  "cuda:0=8GB,cuda:1=6GB", "--ram", "64GB"]) == 2
     assert "no placement of H3" in capsys.readouterr().err

@@ -38,8 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="attention kernel (default flash / memory-efficient SDPA)")
     parser.add_argument("--margin", type=float, default=0.10, help="safety margin as a fraction (default 0.10)")
     parser.add_argument("--devices", default=None,
-                        help="place the components on several devices, e.g. cuda:0=24GB,cuda:1=12GB "
-                             "(replaces --vram/--device; host RAM from --ram)")
+                        help="place the components on several devices, e.g. cuda:0=24GB,cuda:1=12GB, or 'auto' "
+                             "(every CUDA device's free memory); replaces --vram/--device; host RAM from --ram")
     parser.add_argument("--placement-policy", default="auto", choices=("auto", "resident", "phased"),
                         help="with --devices: components stay loaded (resident), are loaded per phase (phased), "
                              "or the better of both (auto, default)")
@@ -125,6 +125,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _auto_devices():
+    """`--devices auto`: every CUDA device with its free memory now (`torch.cuda.mem_get_info`)."""
+    import torch
+
+    from h3director.errors import InvalidInputError
+    from h3director.plan.placement import DeviceSpec
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        raise InvalidInputError("--devices auto: no CUDA device here; give DEVICE=SIZE entries, e.g. cuda:0=24GB")
+    return tuple(DeviceSpec(f"cuda:{i}", int(torch.cuda.mem_get_info(i)[0])) for i in range(torch.cuda.device_count()))
+
+
 def _run_devices(args: argparse.Namespace, request) -> int:
     """`--devices`: place the text encoder, the DiT and the VAEs across the devices (plan/placement.py)."""
     from h3director.errors import InvalidInputError
@@ -135,7 +147,7 @@ def _run_devices(args: argparse.Namespace, request) -> int:
         raise InvalidInputError("--devices replaces --vram and --device: give one of them")
     if not 0 <= args.margin < 1:
         raise InvalidInputError(f"--margin must be in [0, 1), got {args.margin}")
-    devices = parse_devices(args.devices)
+    devices = _auto_devices() if args.devices.strip().lower() == "auto" else parse_devices(args.devices)
     if args.ram:
         host = parse_size(args.ram, binary_gb=True)
         source = f"given: {args.devices}, {host / 2**30:.1f} GiB RAM"
