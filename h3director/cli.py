@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "weights": "weights",
     "avsync": "avsync",
     "stitch": "stitch",
+    "upscale": "upscale",
     "farm": "farm",
 }
 

@@ -65,6 +65,8 @@ class UpscaleModel:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     dtype: torch.dtype = torch.float32
     module: torch.nn.Module | None = None
+    field_measured: bool = False
+    """True when `receptive_field` came from `measure_field` (a lower bound: "auto" adds margin)."""
 
     @classmethod
     def from_module(cls, module: torch.nn.Module, scale: int, *, name: str | None = None,
@@ -176,11 +178,14 @@ def resolve_overlap(model: UpscaleModel, overlap: int | str, tile: int = 512) ->
     if overlap == "auto":
         if not model.convolutional:
             return round_up(max(1, tile // 8), alignment), "feather band tile/8", False
-        if model.receptive_field is not None:
-            return round_up(model.receptive_field, alignment), "derived", True
-        measured = measure_field(model.call, model.scale, alignment=alignment, device=model.device, dtype=model.dtype)
-        model.receptive_field = measured
-        return auto_overlap(measured, alignment), f"measured {measured} px + margin", True
+        if model.receptive_field is None:
+            model.receptive_field = measure_field(model.call, model.scale, alignment=alignment, device=model.device,
+                                                  dtype=model.dtype)
+            model.field_measured = True
+        if model.field_measured:
+            measured = model.receptive_field
+            return auto_overlap(measured, alignment), f"measured {measured} px + margin", True
+        return round_up(model.receptive_field, alignment), "derived", True
     try:
         value = int(overlap)
     except (TypeError, ValueError):
@@ -188,7 +193,9 @@ def resolve_overlap(model: UpscaleModel, overlap: int | str, tile: int = 512) ->
     if value < 0:
         raise InvalidInputError(f"overlap must be 'auto' or >= 0 input pixels, got {value}")
     value = round_up(value, alignment)
-    covers = model.receptive_field is not None and value >= model.receptive_field
+    needed = None if model.receptive_field is None else (
+        auto_overlap(model.receptive_field, alignment) if model.field_measured else model.receptive_field)
+    covers = needed is not None and value >= needed
     return value, "given", model.convolutional and covers
 
 

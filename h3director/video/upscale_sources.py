@@ -38,7 +38,7 @@ class FrameSource:
 
 
 def _to_float(frame: np.ndarray | torch.Tensor) -> torch.Tensor:
-    tensor = torch.from_numpy(np.asarray(frame)) if not isinstance(frame, torch.Tensor) else frame
+    tensor = torch.from_numpy(np.array(frame)) if not isinstance(frame, torch.Tensor) else frame
     if tensor.dtype == torch.uint8:
         return tensor.to(torch.float32) / 255.0
     return tensor.to(torch.float32)
