@@ -29,7 +29,7 @@ def test_pack_exports_v3_entry_point_and_web_directory(pack):
     names = {node.__name__ for node in nodes}
     assert names >= {"DecodeAVStreaming", "MonitorStart", "MonitorStop", "MemoryGuardNode", "SharedWrite", "SharedRead",
                      "FrameOffset", "PlanNode", "DiTMemoryNode", "GGUFDiTLoader", "CachedTextEncode",
-                     "KeyframeSelect", "KeyframeMerge"}
+                     "KeyframeSelect", "KeyframeMerge", "UpscaleStreaming"}
     assert len(names) == len(nodes)
 
 
@@ -44,7 +44,7 @@ def test_node_ids_are_unique_prefixed_and_categorised(pack):
         assert schema.description
 
 
-@pytest.mark.parametrize("index", [*range(8), "KeyframeSelect", "KeyframeMerge"])
+@pytest.mark.parametrize("index", [*range(8), "KeyframeSelect", "KeyframeMerge", "UpscaleStreaming"])
 def test_schema_inputs_are_valid(pack, index):
     node = pack[2][index] if isinstance(index, int) else next(n for n in pack[2] if n.__name__ == index)
     schema = node.GET_SCHEMA()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from comfy_harness.upscale_media import audio_payloads, decode_rgb, video_with_audio
 from torch import nn
 
 from h3director.errors import InvalidInputError
@@ -207,51 +208,20 @@ def test_resume_npy_does_not_redo_finished_frames(conv_model, tmp_path):
     assert np.array_equal(np.load(out), np.load(fresh.result))
 
 
-def _video_with_audio(path, frames: np.ndarray, fps: int = 12, rate: int = 16000) -> None:
-    import av
-
-    with av.open(str(path), mode="w") as container:
-        video = container.add_stream("libx264", rate=fps, options={"crf": "18"})
-        video.width, video.height, video.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
-        audio = container.add_stream("aac", rate=rate, layout="mono")
-        t = np.arange(int(rate * len(frames) / fps), dtype=np.float32) / rate
-        wave = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)[None]
-        frame = av.AudioFrame.from_ndarray(wave, format="fltp", layout="mono")
-        frame.sample_rate, frame.pts = rate, 0
-        container.mux(audio.encode(frame))
-        container.mux(audio.encode(None))
-        for index, pixels in enumerate(frames):
-            picture = av.VideoFrame.from_ndarray(pixels, format="rgb24")
-            picture.pts = index
-            container.mux(video.encode(picture))
-        container.mux(video.encode(None))
-
-
-def _audio_payloads(path) -> list[bytes]:
-    import av
-
-    with av.open(str(path)) as container:
-        return [bytes(p) for p in container.demux(container.streams.audio[0]) if p.size]
-
-
 def test_video_file_in_mp4_out_audio_copied_unchanged(conv_model, tmp_path):
     from h3director.video.upscale_audio import AudioCopyVideoSink
 
     frames = np.random.default_rng(4).integers(0, 256, (6, 32, 48, 3), dtype=np.uint8)
     source_path = tmp_path / "in.mp4"
-    _video_with_audio(source_path, frames)
+    video_with_audio(source_path, frames)
     source = open_source(source_path)
     assert (source.count, source.height, source.width, source.fps) == (6, 32, 48, 12.0)
     assert source.audio_path == source_path
     sink = AudioCopyVideoSink(tmp_path / "out.mp4", source.audio_path, crf=0)
     report = stream_upscale(conv_model, source, sink, tile=24)
     assert report.audio and "unchanged" in report.audio
-    assert _audio_payloads(report.result) == _audio_payloads(source_path)
-    import av
-
-    with av.open(str(report.result)) as container:
-        decoded = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
-    assert len(decoded) == 6 and decoded[0].shape == (64, 96, 3)
+    assert audio_payloads(report.result) == audio_payloads(source_path)
+    assert decode_rgb(report.result).shape == (6, 64, 96, 3)
 
 
 def test_bad_inputs_refused_before_output(conv_model, tmp_path):

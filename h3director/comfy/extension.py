@@ -19,11 +19,12 @@ from h3director.comfy.nodes_plan import PlanNode
 from h3director.comfy.nodes_shared import SharedRead, SharedWrite
 from h3director.comfy.nodes_stitch import Stitch
 from h3director.comfy.nodes_textcache import CachedTextEncode
+from h3director.comfy.nodes_upscale import UpscaleStreaming
 
 NODES: list[type[io.ComfyNode]] = [
     DecodeAVStreaming, MonitorStart, MonitorStop, MemoryGuardNode, SharedWrite, SharedRead, FrameOffset, PlanNode,
     DiTMemoryNode, GGUFDiTLoader, CachedTextEncode, Stitch,
-    AVSyncMeasure, KeyframeSelect, KeyframeMerge, DevicePlacement,
+    AVSyncMeasure, KeyframeSelect, KeyframeMerge, DevicePlacement, UpscaleStreaming,
 ]
 
 

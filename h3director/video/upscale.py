@@ -142,9 +142,11 @@ class UpscaleReport:
     result: object = None
     peak_host_bytes: int | None = None
     seconds: float = 0.0
+    first_frame: torch.Tensor | None = None
+    """With ``keep_first=True``: the first frame this run upscaled, float32 ``[H*s, W*s, 3]`` (a preview)."""
 
     def to_dict(self) -> dict:
-        data = {k: v for k, v in vars(self).items() if k != "halvings"}
+        data = {k: v for k, v in vars(self).items() if k not in ("halvings", "first_frame")}
         data["result"] = str(self.result) if self.result is not None else None
         data["halvings"] = [vars(h) for h in self.halvings]
         return data
@@ -296,13 +298,14 @@ def _peak_rss() -> int | None:
 def stream_upscale(model: UpscaleModel, source: FrameSource, sink: FrameSink, *, tile: int = 512,
                    overlap: int | str = "auto", fault: Callable[[TilePoint], None] | None = None,
                    audio: tuple[torch.Tensor, int] | None = None, crop: bool = True,
-                   on_frame: Callable[[int, int], None] | None = None) -> UpscaleReport:
+                   on_frame: Callable[[int, int], None] | None = None, keep_first: bool = False) -> UpscaleReport:
     """Upscale every frame of `source` into `sink`; return an `UpscaleReport` (`result`: what `sink.finish()` gave).
 
     `tile`: largest tile side in input pixels; `overlap`: "auto" or input pixels of context each side; `audio`: a
     waveform ``([1, channels, samples] float, sample rate)`` for a sink that takes audio (a sink that copies a file's
     audio needs nothing here). ``crop=False`` forces the feathered path (for measuring seams). `on_frame(done,
-    total)` is called after each frame. All checks run before `sink.begin`; the sink is aborted on any failure after.
+    total)` is called after each frame; `keep_first` keeps a copy of the first upscaled frame (`first_frame`).
+    All checks run before `sink.begin`; the sink is aborted on any failure after.
     """
     started = time.perf_counter()
     overlap_px, where, exact = prepare(model, source, tile, overlap)
@@ -329,6 +332,8 @@ def stream_upscale(model: UpscaleModel, source: FrameSource, sink: FrameSink, *,
                                         f"got {list(frame.shape)}")
             result = upscaler.upscale(index, frame.permute(2, 0, 1).contiguous())
             sink.write(index, result.clamp_(0, 1)[None, :, None])
+            if keep_first and report.first_frame is None:
+                report.first_frame = result.permute(1, 2, 0).clone()
             del result
             index += 1
             if on_frame is not None:

@@ -1,0 +1,98 @@
+"""H3Director Upscale (Streaming) in a real ComfyUI server: Load Upscale Model (a random-init spandrel RealESRGAN
+Compact in models/upscale_models) -> the node, from an IMAGE batch into a .npy, and from a video file with sound into
+an MP4; the frames equal the untiled upscale (within uint8 rounding; the MP4 through the same yuv420p conversion) and
+the sound's packets are copied unchanged."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+from comfy_harness.server import HARNESS, REPO, comfyui_python, comfyui_server, prepare_base, submit
+from comfy_harness.upscale_media import audio_payloads, decode_rgb, video_with_audio, yuv420_roundtrip
+
+COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
+pytestmark = [
+    pytest.mark.comfyui,
+    pytest.mark.slow,
+    pytest.mark.skipif(not COMFYUI_DIR, reason="set COMFYUI_DIR to a ComfyUI checkout (and COMFYUI_PYTHON) to run"),
+]
+MODEL = "compact_x2.safetensors"
+H, W, FRAMES = 48, 80, 3
+
+
+def _helper(*args: str) -> None:
+    subprocess.run([comfyui_python(), str(HARNESS / "upscale_models.py"), *args], check=True, cwd=REPO, timeout=600,
+                   env=dict(os.environ, PYTHONPATH=str(REPO)))
+
+
+@pytest.fixture(scope="module")
+def comfy(tmp_path_factory):
+    base = prepare_base(tmp_path_factory.mktemp("comfy-upscale-base"), ["models/upscale_models"])
+    _helper("write", str(base / "models" / "upscale_models"))
+    rng = np.random.default_rng(7)
+    noise = rng.integers(0, 256, (H, W, 3), dtype=np.uint8)
+    from PIL import Image
+
+    Image.fromarray(noise).save(base / "input" / "noise.png")
+    video_with_audio(base / "input" / "clip.mp4", rng.integers(0, 256, (FRAMES, H, W, 3), dtype=np.uint8), crf=0)
+    with comfyui_server(base, extra_args=["--cache-none"]) as server:
+        server["noise"] = noise
+        yield server
+
+
+def _workflow() -> dict:
+    common = {"upscale_model": ["1", 0], "tile": 32, "overlap": "auto", "fps": 12.0, "crf": 0}
+    return {
+        "1": {"class_type": "UpscaleModelLoader", "inputs": {"model_name": MODEL}},
+        "2": {"class_type": "LoadImage", "inputs": {"image": "noise.png"}},
+        "3": {"class_type": "RepeatImageBatch", "inputs": {"image": ["2", 0], "amount": FRAMES}},
+        "4": {"class_type": "H3DirectorUpscaleStreaming",
+              "inputs": {**common, "images": ["3", 0], "format": "npy", "filename_prefix": "up/frames"}},
+        "5": {"class_type": "H3DirectorUpscaleStreaming",
+              "inputs": {**common, "source_path": "clip.mp4", "format": "mp4", "filename_prefix": "up/clip"}},
+    }
+
+
+def _reference(comfy, frames: np.ndarray, name: str) -> np.ndarray:
+    folder = comfy["base"] / "temp"
+    np.save(folder / f"{name}.in.npy", frames)
+    _helper("reference", str(comfy["base"] / "models" / "upscale_models" / MODEL), str(folder / f"{name}.in.npy"),
+            str(folder / f"{name}.ref.npy"))
+    return np.round(np.load(folder / f"{name}.ref.npy") * 255).astype(np.uint8)
+
+
+def test_node_streams_exact_upscales_to_npy_and_mp4(comfy):
+    result = submit(comfy, _workflow())
+    assert result["status"]["status_str"] == "success", json.dumps(result["status"])[:4000]
+    output = comfy["base"] / "output" / "up"
+    npy = sorted(output.glob("frames_*.npy"))
+    mp4 = sorted(output.glob("clip_*.mp4"))
+    assert len(npy) == 1 and len(mp4) == 1, sorted(p.name for p in output.iterdir())
+
+    frames = np.load(npy[0])
+    expected = _reference(comfy, np.repeat(comfy["noise"][None], FRAMES, 0), "image")
+    assert frames.shape == (FRAMES, 2 * H, 2 * W, 3)
+    assert np.abs(frames.astype(int) - expected.astype(int)).max() <= 1
+
+    source = comfy["base"] / "input" / "clip.mp4"
+    expected = yuv420_roundtrip(_reference(comfy, decode_rgb(source), "clip"))
+    video = decode_rgb(mp4[0])
+    assert video.shape == (FRAMES, 2 * H, 2 * W, 3)
+    # lossless H.264 of uint8 frames that differ from the reference by at most 1: at most a step or two after yuv420p
+    assert np.abs(video.astype(int) - expected.astype(int)).max() <= 3
+    assert audio_payloads(mp4[0]) == audio_payloads(source)
+
+
+def test_bad_input_is_a_node_error_before_output(comfy):
+    workflow = _workflow()
+    del workflow["4"]
+    workflow["5"]["inputs"]["tile"] = 16        # the model's receptive field needs more than 2 x overlap
+    before = sorted((comfy["base"] / "output").rglob("*"))
+    result = submit(comfy, workflow)
+    assert result["status"]["status_str"] == "error"
+    assert "larger than 2 x overlap" in json.dumps(result["status"])
+    assert sorted((comfy["base"] / "output").rglob("*")) == before
