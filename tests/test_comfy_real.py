@@ -75,7 +75,7 @@ def test_pack_nodes_are_listed(comfy):
     assert ours == sorted(["H3DirectorDecodeAVStreaming", "H3DirectorMonitorStart", "H3DirectorMonitorStop",
                            "H3DirectorMemoryGuard", "H3DirectorSharedWrite", "H3DirectorSharedRead",
                            "H3DirectorFrameOffset", "H3DirectorPlan", "H3DirectorDiTMemory",
-                           "H3DirectorAVSyncMeasure",
+                           "H3DirectorAVSyncMeasure", "H3DirectorUpscaleStreaming",
                            "H3DirectorGGUFDiTLoader", "H3DirectorStitch", "H3DirectorCachedTextEncode"])
     assert all(info[k]["category"].startswith("H3 Director/") for k in ours)
     extensions = json.loads(_get(f"{comfy['url']}/extensions")[1])
