@@ -291,6 +291,13 @@ def prepare(model: UpscaleModel, source: FrameSource, tile: int, overlap: int | 
 
 
 def _peak_rss() -> int | None:
+    """The process's peak resident set in bytes: VmHWM where /proc has it (ru_maxrss carries a forking parent's peak
+    over execve on Linux), else ru_maxrss."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, ValueError):
+        pass
     usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(usage) if sys.platform == "darwin" else int(usage) * 1024
 
