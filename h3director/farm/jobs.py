@@ -8,7 +8,8 @@ A line is ``{"id": "shot-01", "workflow": "flows/decode_api.json", "prompt": "..
   relative paths against the job file's folder;
 - overrides, each applied to every node input of that name whose value is a literal (not a link):
   ``prompt`` -> inputs ``prompt``/``text`` (strings), ``seed`` -> ``seed``/``noise_seed``,
-  ``frames`` -> ``length``/``frames``, ``width``, ``height``; an override no node takes is an error;
+  ``frames`` -> ``length``/``frames``, ``width``, ``height``; a prompt or seed no node takes is an error
+  (geometry no node takes still prices the job: a decode of a saved latent gives its size this way);
 - ``set``: explicit ``{node_id: {input: value}}`` values for anything else.
 
 ``frames``/``width``/``height`` (given, or read from the workflow's nodes) are what the planner prices.
@@ -119,7 +120,7 @@ def apply_overrides(workflow: dict, overrides: dict) -> dict:
                 if name in inputs and not _is_link(inputs[name]):
                     inputs[name] = value
                     hits += 1
-        if not hits:
+        if not hits and key in ("prompt", "seed"):      # geometry may only price a job (e.g. a LoadLatent one)
             raise _Refused(f"override {key!r} matches no node input ({' or '.join(names)}) in the workflow")
     return workflow
 

@@ -1,7 +1,9 @@
-"""The farm's display: a live table while jobs run (rich, on a terminal; one line per event
-otherwise) and the final table (job, worker, device, predicted vs measured peak, time, result)."""
+"""The farm's display: a live table while jobs run (rich, on a terminal; one line per event, with the
+seconds since the run started, otherwise) and the final table (job, worker, device, predicted vs measured peak, time, result)."""
 
 from __future__ import annotations
+
+import time
 
 from h3director.units import format_size
 
@@ -47,6 +49,7 @@ class Display:
         self.console, self.ledger = console, ledger
         self.live = None
         self.recent: list[str] = []
+        self.started = time.monotonic()
 
     def __enter__(self) -> Display:
         if self.console.is_terminal:
@@ -75,6 +78,7 @@ class Display:
         return Group(counts_line(self.ledger.counts()), running, *(Text(line) for line in self.recent[-8:]))
 
     def event(self, text: str) -> None:
+        text = f"{time.monotonic() - self.started:7.1f} s  {text}"
         if self.live is None:
             self.console.print(text, highlight=False, soft_wrap=True, markup=False)
         else:
