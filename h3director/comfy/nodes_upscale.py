@@ -114,6 +114,7 @@ class UpscaleStreaming(io.ComfyNode):
         import comfy.model_management
 
         from h3director.comfy import runtime
+        from h3director.comfy.nodes_decode import _progress_callback
         from h3director.integrations.spandrel_models import from_descriptor
         from h3director.video.upscale import prepare, stream_upscale
 
@@ -130,21 +131,7 @@ class UpscaleStreaming(io.ComfyNode):
         target = runtime.save_target(filename_prefix, source.width * s, source.height * s, format)
         sink, waveform = _sink(target, format, source, audio, int(crf))
         report = stream_upscale(model, source, sink, tile=int(tile), overlap=_overlap(overlap), audio=waveform,
-                                on_frame=_progress(), keep_first=True)
+                                on_frame=_progress_callback(), keep_first=True)
         preview = report.first_frame[None].clamp(0, 1) if report.first_frame is not None else None
         return io.NodeOutput(str(report.result), preview, "\n".join(report.lines()))
 
-
-def _progress():
-    try:
-        import comfy.utils
-    except ImportError:
-        return None
-    bar = {"pbar": None}
-
-    def update(done: int, total: int) -> None:
-        if bar["pbar"] is None:
-            bar["pbar"] = comfy.utils.ProgressBar(total)
-        bar["pbar"].update_absolute(done, total)
-
-    return update

@@ -6,24 +6,12 @@ import numpy as np
 
 
 def video_with_audio(path, frames: np.ndarray, fps: int = 12, rate: int = 16000, crf: int = 18) -> None:
-    """H.264 `frames` (uint8 [F, H, W, 3]) at `fps` with a mono AAC 440 Hz tone as long as the picture."""
-    import av
+    """H.264 `frames` (uint8 [F, H, W, 3]) at `fps` with a mono AAC 440 Hz tone as long as the picture
+    (`h3director.av.synthetic.write_clip`)."""
+    from h3director.av.synthetic import write_clip
 
-    with av.open(str(path), mode="w") as container:
-        video = container.add_stream("libx264", rate=fps, options={"crf": str(crf)})
-        video.width, video.height, video.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
-        audio = container.add_stream("aac", rate=rate, layout="mono")
-        t = np.arange(int(rate * len(frames) / fps), dtype=np.float32) / rate
-        wave = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)[None]
-        frame = av.AudioFrame.from_ndarray(wave, format="fltp", layout="mono")
-        frame.sample_rate, frame.pts = rate, 0
-        container.mux(audio.encode(frame))
-        container.mux(audio.encode(None))
-        for index, pixels in enumerate(frames):
-            picture = av.VideoFrame.from_ndarray(pixels, format="rgb24")
-            picture.pts = index
-            container.mux(video.encode(picture))
-        container.mux(video.encode(None))
+    t = np.arange(int(rate * len(frames) / fps), dtype=np.float32) / rate
+    write_clip(path, frames, (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), fps, rate, crf=crf)
 
 
 def audio_payloads(path) -> list[bytes]:
