@@ -244,3 +244,14 @@ def test_bad_inputs_refused_before_output(conv_model, tmp_path):
     (tmp_path / "junk.mp4").write_bytes(b"not a video")
     with pytest.raises(InvalidInputError):
         open_source(tmp_path / "junk.mp4")
+
+
+def test_missing_spandrel_names_the_extra(monkeypatch):
+    import sys
+
+    from h3director.integrations.spandrel_models import load_upscale_model
+
+    monkeypatch.setitem(sys.modules, "spandrel", None)   # import spandrel -> ImportError
+    model = __file__  # an existing file: the check for spandrel comes next
+    with pytest.raises(InvalidInputError, match=r"h3director\[upscale\].*torchvision"):
+        load_upscale_model(model)
