@@ -25,7 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "comfy_harness"))
 
-CONFIGS = {"esrgan_x4": 96, "esrgan_x2_unshuffle": 120, "compact_x2": 48}   # model -> tile (input px)
+CONFIGS = {"esrgan_x4": 96, "esrgan_x2_unshuffle": 120, "compact_x2": 48, "plksr_x2": 64,
+           "realplksr_x2": 64}   # model -> tile (input px)
 
 
 def measure(name: str, tile: int, height: int, width: int) -> dict:
@@ -48,12 +49,12 @@ def measure(name: str, tile: int, height: int, width: int) -> dict:
         out = tiled.upscale(0, frame).clamp(0, 1)
         return float((out - reference).abs().max()), len(tiled.plan)
 
-    auto, tiles = diff(overlap, True)
-    return {"model": name, "arch": descriptor.architecture.id, "scale": model.scale,
+    auto, tiles = diff(overlap, exact)       # the path stream_upscale takes: centre crop only when exact
+    return {"model": name, "arch": type(descriptor.model).__name__, "scale": model.scale,
             "params": sum(p.numel() for p in descriptor.model.parameters()), "alignment": model.alignment,
             "field_derived": model.receptive_field,
-            "field_measured": measure_field(model.call, model.scale, alignment=model.alignment),
-            "exact_capable": exact, "tile": tile, "overlap": overlap, "tiles": tiles, "auto": auto,
+            "field_measured": measure_field(model.call, model.scale, alignment=model.alignment) if exact else None,
+            "exact": exact, "tile": tile, "overlap": overlap, "tiles": tiles, "auto": auto,
             "overlap0": diff(0, True)[0], "feather": diff(overlap, False)[0]}
 
 
@@ -69,13 +70,14 @@ def main() -> int:
         print(json.dumps(rows, indent=2))
         return 0
     print(f"frame {args.width}x{args.height}, CPU float32, torch {torch.__version__}")
-    print("| model | field derived / measured (px) | tile / overlap (px) | tiles | max abs diff, auto (centre crop) "
+    print("| model | field derived / measured (px) | tile / overlap (px) | tiles | max abs diff, auto "
           "| overlap 0 (no context) | feathered blend, same overlap |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} ({r['arch']} {r['scale']}x, {r['params']} params) | {r['field_derived']} / "
-              f"{r['field_measured']} | {r['tile']} / {r['overlap']} | {r['tiles']} | {r['auto']:.2e} | "
-              f"{r['overlap0']:.2e} | {r['feather']:.2e} |")
+        field = f"{r['field_derived']} / {r['field_measured']}" if r["exact"] else "not derivable"
+        path = "centre crop" if r["exact"] else "feathered, not exact"
+        print(f"| {r['model']} ({r['arch']} {r['scale']}x, {r['params']:,} params) | {field} | {r['tile']} / "
+              f"{r['overlap']} | {r['tiles']} | {r['auto']:.2e} ({path}) | {r['overlap0']:.2e} | {r['feather']:.2e} |")
     return 0
 
 

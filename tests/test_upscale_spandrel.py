@@ -45,7 +45,8 @@ def frames(tmp_path_factory) -> Path:
     return path
 
 
-CASES = [("esrgan_x4.safetensors", 80), ("esrgan_x2_unshuffle.pth", 110), ("compact_x2.safetensors", 40)]
+CASES = [("esrgan_x4.safetensors", 80), ("esrgan_x2_unshuffle.pth", 110), ("compact_x2.safetensors", 40),
+         ("plksr_x2.safetensors", 48)]
 
 
 def _batch(cases: list[list[str]], folder: Path) -> list[dict]:
@@ -67,6 +68,9 @@ def runs(models, frames, tmp_path_factory) -> dict:
             keys.append((name, kind))
         cases.append(["reference", str(models / name), str(frames), str(folder / f"{name}.ref.npy")])
         keys.append((name, "reference"))
+    cases.append(["cli", "upscale", str(frames), "--model", str(models / "realplksr_x2.safetensors"), "--out",
+                  str(folder / "realplksr.npy"), "--tile", "48", "--json"])
+    keys.append(("realplksr_x2.safetensors", "auto"))
     results = dict(zip(keys, _batch(cases, folder), strict=True))
     return {"folder": folder, "results": results}
 
@@ -86,6 +90,15 @@ def test_cli_tiled_equals_untiled(runs, name):
     assert np.abs(got.astype(np.int32) - expected).max() <= 1
     # and the seams show without the overlap
     assert np.abs(np.load(folder / f"{name}.seams.npy").astype(np.int32) - expected).max() > 1
+
+
+def test_cli_groupnorm_model_is_feathered_and_reported_not_exact(runs):
+    result = runs["results"][("realplksr_x2.safetensors", "auto")]
+    assert result["rc"] == 0, result
+    report = json.loads(result["stdout"])
+    assert not report["exact"] and report["receptive_field"] is None
+    assert report["overlap_source"].startswith("feather") and report["overlap"] == 48 // 8
+    assert np.load(runs["folder"] / "realplksr.npy").shape == (3, 124, 260, 3)
 
 
 def test_cli_refuses_bad_input_before_output(models, frames, tmp_path):

@@ -77,7 +77,7 @@ class UpscaleStreaming(io.ComfyNode):
                 "Upscales frames one at a time, tile by tile, with an upscale model (Load Upscale Model), writing "
                 "each finished frame into an MP4 or .npy in the output folder: the upscaled video is never whole in "
                 "memory. overlap 'auto' covers the model's receptive field and keeps only each tile's centre, so for "
-                "convolutional models (ESRGAN/RRDB, RealESRGAN Compact) the result equals the untiled upscale up to "
+                "convolutional models (ESRGAN/RRDB, RealESRGAN Compact, PLKSR) the result equals the untiled upscale up to "
                 "float rounding; other models get a feathered blend (the report says 'not exact'). A tile that runs "
                 "out of memory is halved and retried. Audio (the AUDIO input, or a source video's own) goes into "
                 "the MP4."),

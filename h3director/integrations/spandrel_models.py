@@ -19,9 +19,10 @@ from h3director.errors import InvalidInputError
 from h3director.video.upscale import UpscaleModel
 from h3director.video.upscale_field import derive_field
 
-EXACT_ARCHITECTURES = frozenset({"ESRGAN", "Compact"})
+EXACT_ARCHITECTURES = frozenset({"ESRGAN", "Compact", "PLKSR"})
 """spandrel architecture ids whose every operation is a local convolution, pointwise or nearest resampling:
-ESRGAN/RRDB (also the pixel-unshuffle x1/x2 variants) and RealESRGAN Compact (SRVGGNetCompact)."""
+ESRGAN/RRDB (also the pixel-unshuffle x1/x2 variants), RealESRGAN Compact (SRVGGNetCompact) and PLKSR (large-kernel
+convolutions; spandrel gives RealPLKSR the same id, but its GroupNorm stops the derivation, so it is not exact)."""
 INSTALL_HINT = ("loading upscale models needs spandrel (which needs torchvision): "
                 "pip install 'h3director[upscale]' in an environment whose torch has a matching torchvision")
 

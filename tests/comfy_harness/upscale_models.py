@@ -26,6 +26,10 @@ MODELS = {
     "esrgan_x2_unshuffle": ("ESRGAN", dict(in_nc=12, out_nc=3, num_filters=8, num_blocks=1, scale=4,
                                            shuffle_factor=2), ".pth"),
     "compact_x2": ("Compact", dict(num_in_ch=3, num_out_ch=3, num_feat=16, num_conv=6, upscale=2), ".safetensors"),
+    "plksr_x2": ("PLKSR", dict(dim=16, n_blocks=2, upscaling_factor=2, kernel_size=9, split_ratio=0.25),
+                 ".safetensors"),
+    "realplksr_x2": ("RealPLKSR", dict(dim=16, n_blocks=2, upscaling_factor=2, kernel_size=9, split_ratio=0.25),
+                     ".safetensors"),
     "compact_gray_x2": ("Compact", dict(num_in_ch=1, num_out_ch=1, num_feat=8, num_conv=2, upscale=2), ".pth"),
 }
 NOT_UPSCALERS = ("compact_gray_x2",)
@@ -34,10 +38,12 @@ NOT_UPSCALERS = ("compact_gray_x2",)
 def build(name: str, seed: int = 0) -> torch.nn.Module:
     from spandrel.architectures.Compact import Compact
     from spandrel.architectures.ESRGAN import ESRGAN
+    from spandrel.architectures.PLKSR import PLKSR, RealPLKSR
 
     arch, kwargs, _ = MODELS[name]
     torch.manual_seed(seed)
-    return (ESRGAN if arch == "ESRGAN" else Compact)(**kwargs).eval()
+    classes = {"ESRGAN": ESRGAN, "Compact": Compact, "PLKSR": PLKSR, "RealPLKSR": RealPLKSR}
+    return classes[arch](**kwargs).eval()
 
 
 def write(folder: Path) -> None:
