@@ -3,7 +3,8 @@
 A `DiTMemoryPlan` is one *tier*. The techniques, with their exactness class:
 
 - `lifetime` (exact by construction): the block frees what the stock code keeps alive; the normalised
-  block input dies after the projections that read it, the FFN input after fc1, and the value copy the
+  block input dies after the projections that read it, the FFN input after fc1, the modulation table
+  after the attention half (where the adapter can copy the FFN's terms out of it), and the value copy the
   stock attention makes for container-consuming backends is skipped where the backend does not consume;
 - `head_chunks` > 1 (exact where verified): q, k and v are projected and attended `heads / head_chunks`
   heads at a time into one preallocated output; bit-identical where the projection GEMM is invariant to
