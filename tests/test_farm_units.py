@@ -160,3 +160,29 @@ def test_status_without_a_ledger_says_how_to_make_one(tmp_path):
     done = subprocess.run([sys.executable, "-m", "h3director", "farm", "status", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "no farm ledger" in done.stderr
+
+
+def test_no_comfyui_folder_is_refused_before_ray_starts(tmp_path):
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text("")
+    done = subprocess.run([sys.executable, "-m", "h3director", "farm", "run", str(jobs), "--comfyui", str(tmp_path),
+                           "--workers", "w0=1GB", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "has no main.py" in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+def test_a_server_that_does_not_start_is_a_clear_error(tmp_path):
+    """A real local Ray whose worker's "ComfyUI" exits at once: the farm says so, with the server's log."""
+    pytest.importorskip("ray")
+    comfy = tmp_path / "comfy"
+    comfy.mkdir()
+    (comfy / "main.py").write_text("import sys\nprint('no models here')\nsys.exit(3)\n")
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text("")
+    done = subprocess.run([sys.executable, "-m", "h3director", "farm", "run", str(jobs), "--comfyui", str(comfy),
+                           "--workers", "w0=1GB", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "a farm worker did not start" in done.stderr and "exited with code 3" in done.stderr
+    assert "no models here" in done.stderr

@@ -63,6 +63,8 @@ def _run(args: argparse.Namespace) -> int:
     if not args.comfyui:
         raise InvalidInputError("--comfyui (or H3_FARM_COMFYUI) must name the ComfyUI folder the workers start")
     local = args.address in (None, "", "local")
+    if local and not (Path(args.comfyui) / "main.py").is_file():    # on a cluster the path is the nodes'
+        raise InvalidInputError(f"--comfyui {args.comfyui!r} has no main.py: not a ComfyUI source folder")
     if args.workers and not local:
         raise InvalidInputError("--workers is for a local farm; cluster nodes declare their devices themselves")
     workers = []

@@ -38,6 +38,10 @@ class ClusterUnreachableError(H3DirectorError):
     """The Ray address given does not answer."""
 
 
+class WorkerStartError(H3DirectorError):
+    """A worker's ComfyUI server did not start (its log's end is in the message)."""
+
+
 @dataclass
 class Session:
     """A connected Ray and the workers of this run: name -> (spec, actor, info)."""
@@ -130,8 +134,12 @@ def start_workers(session: Session, config: ServerConfig) -> set[str]:
         raise InvalidInputError(f"no Ray node declares {needs.ACCEL_RESOURCE}: start nodes with `ray start "
                                 f"--resources '{{\"{needs.ACCEL_RESOURCE}\": MiB, \"{needs.HOST_RESOURCE}\": MiB}}'`")
     actors = {spec.name: (spec, worker_actor(node_id, spec.name, config)) for spec, node_id in found}
-    infos = ray.get([actor.ready.remote() for _, actor in actors.values()])
-    classes = ray.get([actor.node_classes.remote() for _, actor in actors.values()])
+    try:
+        infos = ray.get([actor.ready.remote() for _, actor in actors.values()])
+        classes = ray.get([actor.node_classes.remote() for _, actor in actors.values()])
+    except ray.exceptions.RayError as error:
+        cause = getattr(error, "cause", None) or getattr(error, "error_msg", None) or error
+        raise WorkerStartError(f"a farm worker did not start: {cause}") from None
     for (name, (spec, actor)), info in zip(actors.items(), infos, strict=True):
         session.workers[name] = (spec, actor, info)
     known = set(classes[0])
