@@ -95,8 +95,9 @@ def _server_processes() -> list[psutil.Process]:
 
 def _kill_one_worker_when(ledger: Path, done: int, killed: list[int]) -> None:
     _wait_for_done(ledger, done)
-    servers = _server_processes()
-    worker = psutil.Process(servers[0].ppid())   # the Ray actor process that started this server
+    # w0 fits two jobs at once: while it works, a second job waits on it, so one is always in flight
+    server = next(p for p in _server_processes() if any("h3farm-w0-" in part for part in p.info["cmdline"]))
+    worker = psutil.Process(server.ppid())   # the Ray actor process that started this server
     killed.append(worker.pid)
     worker.send_signal(signal.SIGKILL)
 

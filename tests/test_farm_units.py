@@ -122,9 +122,8 @@ def test_ledger_never_redoes_a_done_job_and_resumes_a_dead_drivers_jobs(tmp_path
         for job_id in ("a", "b", "c"):
             ledger.sync(job_id, 1, "h")
         attempt = ledger.start_attempt("a", 0, {"budget_gb": 1.0}, 5 * GiB, 5120)
-        ledger.end_attempt("a", attempt, "done", worker="w0", node_id="n", started_at=1.0, ended_at=2.0)
-        ledger.finish("a", worker="w0", device="cpu", measured_peak_bytes=10, started_at=1.0, finished_at=2.0,
-                      output="out/a")
+        ledger.finish("a", attempt, worker="w0", node_id="n", device="cpu", measured_peak_bytes=10, started_at=1.0,
+                      finished_at=2.0, output="out/a")
         ledger.start_attempt("b", 0, {}, GiB, 1024)                 # the driver dies here
     assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     with Ledger(path) as ledger:
@@ -136,6 +135,7 @@ def test_ledger_never_redoes_a_done_job_and_resumes_a_dead_drivers_jobs(tmp_path
         assert changed.state == "done" and "different workflow" in changed.error
         assert ledger.counts() == {"queued": 2, "running": 0, "done": 1, "failed": 0, "refused": 0}
         assert ledger.get("a").seconds == 1.0
+        assert [a["result"] for a in ledger.attempts("a")] == ["done"]
 
 
 def _closed_port() -> int:

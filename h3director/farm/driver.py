@@ -239,14 +239,14 @@ class Farm:
             return
         where = {"worker": result["worker"], "node_id": result["node_id"], "started_at": result["held_from"],
                  "ended_at": result["held_to"]}
-        self.ledger.end_attempt(job_id, item.attempt, result["status"], error=result["error"], **where)
         if result["status"] == "done":
             output = _write_outputs(self.out_dir, job_id, result["files"])
-            self.ledger.finish(job_id, worker=result["worker"], device=result["device"],
-                               measured_peak_bytes=result["peak_bytes"], started_at=result["held_from"],
-                               finished_at=result["held_to"], output=output)
+            self.ledger.finish(job_id, item.attempt, worker=result["worker"], node_id=result["node_id"],
+                               device=result["device"], measured_peak_bytes=result["peak_bytes"],
+                               started_at=result["held_from"], finished_at=result["held_to"], output=output)
             self.display.event(f"[done] {job_id} on {result['worker']} ({result['seconds']:.1f} s)")
             return
+        self.ledger.end_attempt(job_id, item.attempt, result["status"], error=result["error"], **where)
         if result["status"] == "oom":
             cheaper = needs.next_rung(item.rungs, item.rung)
             if cheaper is not None and not item.oom_retried:

@@ -138,11 +138,18 @@ class Ledger:
     def requeue(self, job_id: str, reason: str) -> None:
         self._tx("UPDATE jobs SET state='queued', error=? WHERE id=?", (reason, job_id))
 
-    def finish(self, job_id: str, *, worker: str, device: str, measured_peak_bytes: int | None,
-               started_at: float, finished_at: float, output: str) -> None:
-        self._tx("UPDATE jobs SET state='done', worker=?, device=?, measured_peak_bytes=?, started_at=?, "
-                 "finished_at=?, output=?, error=NULL WHERE id=?",
-                 (worker, device, measured_peak_bytes, started_at, finished_at, output, job_id))
+    def finish(self, job_id: str, attempt: int, *, worker: str, node_id: str | None, device: str,
+               measured_peak_bytes: int | None, started_at: float, finished_at: float, output: str) -> None:
+        """The job and its attempt are done, in one transaction (call after its outputs are written:
+        a driver killed before this redoes the job, whose outputs were never committed)."""
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            self.db.execute("UPDATE jobs SET state='done', worker=?, device=?, measured_peak_bytes=?, started_at=?, "
+                            "finished_at=?, output=?, error=NULL WHERE id=?",
+                            (worker, device, measured_peak_bytes, started_at, finished_at, output, job_id))
+            self.db.execute("UPDATE attempts SET result='done', worker=?, node_id=?, started_at=?, ended_at=?, "
+                            "error=NULL WHERE job_id=? AND attempt=?",
+                            (worker, node_id, started_at, finished_at, job_id, attempt))
 
     def fail(self, job_id: str, error: str, *, worker: str | None = None, device: str | None = None,
              started_at: float | None = None, finished_at: float | None = None) -> None:

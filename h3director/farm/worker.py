@@ -11,7 +11,9 @@ worker, which runs one prompt at a time on its server.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -51,7 +53,9 @@ class FarmWorker:
         self.config = ServerConfig(**config)
         work = tempfile.mkdtemp(prefix=f"h3farm-{name}-", dir=self.config.work_root)
         self.server = ComfyServer(self.config.python, self.config.comfyui_dir, self.config.base_dir, work,
-                                  cpu=self.config.cpu).start()
+                                  cpu=self.config.cpu)
+        atexit.register(self._shutdown, work)
+        self.server.start()
         self.device = "cpu" if self.config.cpu else os.environ.get("CUDA_VISIBLE_DEVICES", "default device")
         self._classes: list[str] | None = None
         self._one_at_a_time = threading.Lock()   # ComfyUI runs one prompt at a time; so do the monitor windows
@@ -73,8 +77,12 @@ class FarmWorker:
             result = self.server.run(with_output_prefix(workflow, job_id))
         return {**asdict(result), "worker": self.name, "device": self.device, "node_id": self.node_id}
 
-    def __ray_terminate__(self) -> None:  # pragma: no cover - called by Ray on a graceful exit
+    def _shutdown(self, work: str) -> None:
+        """On a normal exit of the actor's process: stop the server and delete its folders (their files
+        went back to the driver with each job). A killed process leaves the folders; its server exits
+        by itself (`h3director.farm.serve`)."""
         self.server.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def worker_actor(node_id: str, name: str, config: ServerConfig):
