@@ -2,7 +2,7 @@
 resource) with real ComfyUI workers (the vendored snapshot, tiny H3 VAEs, --cpu) and real decode jobs.
 
 - 40 decode jobs (plus an out-of-memory job that succeeds on the cheaper rung, one that fails with
-  the diagnosis, an unknown node class, a malformed line) over 2 workers: every good job is done
+  the diagnosis, an unknown node class, a job no worker fits, a malformed line) over 2 workers: every good job is done
   once; the predicted MiB of the attempts that overlapped on a worker never exceed its capacity (from
   the ledger's intervals); a worker process killed mid-run loses no job;
 - the driver (the CLI) killed mid-run and run again: no job lost, no finished job redone.
@@ -119,12 +119,18 @@ def _overlap_peaks(attempts: list[dict]) -> dict[str, int]:
 
 
 def test_forty_jobs_over_two_workers_with_a_worker_killed_and_oom_retries(base, tmp_path):
+    from comfy_harness.farm_base import DECODE_WORKFLOW
+
     from h3director.farm.ledger import Ledger
 
     between, below = _oom_limits(base)
     lines = [json.dumps({"id": f"job{i:02d}", "workflow": "decode.json"}) for i in range(40)]
     lines += [json.dumps(_oom_job("oom-retried", between)), json.dumps(_oom_job("oom-fails", below)),
-              "{this is not json", json.dumps({"id": "unknown-node", "workflow": "unknown.json"})]
+              "{this is not json", json.dumps({"id": "unknown-node", "workflow": "unknown.json"}),
+              json.dumps({"id": "too-big", "workflow": "sample.json"})]
+    # sampling H3 (priced with the DiT: tens of GiB) fits neither device: refused before anything runs
+    (base / "sample.json").write_text(json.dumps({**DECODE_WORKFLOW, "9": {"class_type": "KSampler", "inputs": {
+        "latent_image": ["1", 0], "seed": 1, "steps": 1}}}))
     (base / "unknown.json").write_text(json.dumps({"1": {"class_type": "NoSuchNode", "inputs": {"width": 128}}}))
     jobs = base / "forty.jsonl"
     jobs.write_text("\n".join(lines) + "\n")
@@ -149,8 +155,10 @@ def test_forty_jobs_over_two_workers_with_a_worker_killed_and_oom_retries(base, 
     assert any(a["result"] == "worker lost" for a in attempts), "no job was in flight on the killed worker"
     assert len({a["worker"] for a in attempts if a["result"] == "done"}) == 2
     finished = [a for a in attempts if a["started_at"] is not None and a["ended_at"] is not None]
-    for worker, peak in _overlap_peaks(finished).items():
+    peaks = _overlap_peaks(finished)
+    for worker, peak in peaks.items():
         assert peak <= CAPACITY_MB[worker], (worker, peak)
+    assert peaks["w0"] > CAPACITY_MB["w1"], "w0 never held two jobs at once: the capacity check saw no overlap"
     retried = [a for a in attempts if a["job_id"] == "oom-retried"]
     assert [(a["rung"], a["result"]) for a in retried] == [(0, "oom"), (1, "done")]
     assert rows["oom-retried"].state == "done" and rows["oom-retried"].rung == 1
@@ -158,6 +166,9 @@ def test_forty_jobs_over_two_workers_with_a_worker_killed_and_oom_retries(base, 
     assert fails.state == "failed" and "out of memory again on the cheaper setting" in fails.error
     assert "Tried to allocate" in fails.error and "GPU 0" in fails.error       # the `h3director oom` diagnosis
     assert rows["unknown-node"].state == "refused" and "NoSuchNode" in rows["unknown-node"].error
+    too_big = rows["too-big"]
+    assert too_big.state == "refused" and too_big.attempts == 0
+    assert "no worker fits this job" in too_big.error and "worker w0: device 12.00 GiB" in too_big.error
     assert "malformed JSON" in done.stdout
     time.sleep(3)
     assert not _server_processes(), "a ComfyUI server outlived the farm"
