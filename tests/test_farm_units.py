@@ -146,6 +146,7 @@ def _closed_port() -> int:
 
 def test_a_cluster_that_does_not_answer_is_a_clear_error(tmp_path):
     """A closed port is refused by a TCP check before Ray is asked (the subprocess timeout bounds it)."""
+    pytest.importorskip("ray")
     jobs = tmp_path / "jobs.jsonl"
     jobs.write_text("")
     address = f"ray://127.0.0.1:{_closed_port()}"
@@ -163,6 +164,7 @@ def test_status_without_a_ledger_says_how_to_make_one(tmp_path):
 
 
 def test_no_comfyui_folder_is_refused_before_ray_starts(tmp_path):
+    pytest.importorskip("ray")
     jobs = tmp_path / "jobs.jsonl"
     jobs.write_text("")
     done = subprocess.run([sys.executable, "-m", "h3director", "farm", "run", str(jobs), "--comfyui", str(tmp_path),
