@@ -61,6 +61,9 @@ ENV_NOT_CONFIG = frozenset({
     "H3_TORCH_VERSION",   # the torch version scripts/setup.sh installs
     "H3_COMFYUI_TARBALL",  # the ComfyUI snapshot scripts/setup_comfyui.sh unpacks
     "H3_COMFYUI_VENV",    # the ComfyUI virtual environment scripts/setup_comfyui.sh makes
+    "H3_FARM_COMFYUI",    # `farm run --comfyui`: the ComfyUI folder the farm's workers start (commands/farm.py)
+    "H3_FARM_COMFY_PYTHON",  # `farm run --comfy-python`: the Python the workers run ComfyUI with
+    "H3_FARM_COMFY_BASE",  # `farm run --comfy-base`: the workers' ComfyUI base folder
 })
 DEFAULT_CONFIG_NAME = "h3_config.yaml"
 #: Fields of earlier releases that no code read; a file that still sets them is told so.
