@@ -5,13 +5,15 @@ resource) with real ComfyUI workers (the vendored snapshot, tiny H3 VAEs, --cpu)
   the diagnosis, an unknown node class, a job no worker fits, a malformed line) over 2 workers: every good job is done
   once; the predicted MiB of the attempts that overlapped on a worker never exceed its capacity (from
   the ledger's intervals); a worker process killed mid-run loses no job;
-- the driver (the CLI) killed mid-run and run again: no job lost, no finished job redone.
+- the driver (the CLI) killed mid-run and run again: no job lost, no finished job redone;
+- `--address HOST:PORT` of a running cluster: workers only on the nodes that declare a device.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -208,3 +210,31 @@ def test_the_driver_killed_mid_run_resumes_without_redoing_finished_jobs(base, t
     for job_id in rows:
         assert [a["result"] for a in attempts if a["job_id"] == job_id].count("done") == 1
     assert "resuming" in again.stdout or len(before) == 10
+
+
+def test_a_cluster_address_finds_the_declared_devices(base, tmp_path):
+    """`--address HOST:PORT` (the GCS of a running cluster): the farm starts one worker per node that declares
+    the device resources, names it by node, and runs the jobs there."""
+    from ray.cluster_utils import Cluster
+
+    from h3director.farm.ledger import Ledger
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": 100 * 2**20})
+    try:
+        cluster.add_node(num_cpus=1, object_store_memory=100 * 2**20,
+                         resources={"h3_accel_mb": 12288, "h3_host_mb": 8192})
+        cluster.add_node(num_cpus=1, object_store_memory=100 * 2**20)        # declares no device: no worker
+        jobs = base / "three.jsonl"
+        jobs.write_text("".join(json.dumps({"id": f"c{i}", "workflow": "decode.json"}) + "\n" for i in range(3)))
+        out = tmp_path / "out"
+        command = _cli(base, jobs, out, "unused")
+        command[command.index("--workers"):command.index("--workers") + 2] = ["--address", cluster.address]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=base, env=ENV)
+    finally:
+        cluster.shutdown()
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    with Ledger(out / "farm.sqlite") as ledger:
+        rows = ledger.rows()
+    assert [row.state for row in rows] == ["done"] * 3
+    assert len({row.worker for row in rows}) == 1
+    assert re.fullmatch(r"[0-9.]+-[0-9a-f]{6}", rows[0].worker), rows[0].worker       # "<node ip>-<node id>"

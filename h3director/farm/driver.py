@@ -16,6 +16,7 @@ Ray's object store and are written under ``OUT/<job id>/`` with write-then-renam
 
 from __future__ import annotations
 
+import importlib.util
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,8 +71,8 @@ def _check_reachable(host: str, port: int, address: str, timeout_s: float) -> No
 
 def connect(address: str | None, workers: list[needs.WorkerSpec], *, timeout_s: float = CONNECT_TIMEOUT_S) -> Session:
     """Connect to Ray. `address` None or "local": start one on this machine with one node per worker
-    in `workers`; "auto": the cluster this machine belongs to; "ray://host:port" (Ray Client) or
-    "host:port" (GCS): that cluster, checked to answer within `timeout_s` first."""
+    in `workers`; "auto": the cluster this machine belongs to; "ray://host:port" (Ray Client, needs
+    ``ray[client]``) or "host:port" (GCS): that cluster, checked to answer within `timeout_s` first."""
     import ray
 
     options = {"namespace": NAMESPACE, "logging_level": "ERROR", "log_to_driver": False}
@@ -99,6 +100,10 @@ def connect(address: str | None, workers: list[needs.WorkerSpec], *, timeout_s: 
         if not parsed.hostname or not parsed.port:
             raise InvalidInputError(f"--address must be local, auto, ray://HOST:PORT or HOST:PORT, got {address!r}")
         _check_reachable(parsed.hostname, parsed.port, address, timeout_s)
+        if parsed.scheme == "ray" and importlib.util.find_spec("grpc") is None:
+            raise InvalidInputError(f"--address {address} goes through Ray Client, which needs "
+                                    "pip install 'ray[client]' here; inside the cluster give the GCS address "
+                                    "HOST:6379 instead")
     try:
         ray.init(address=address, **options)
     except ConnectionError as error:
