@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from comfy_harness.server import free_port
 from comfy_harness.vendored import why_unavailable
 
 pytest.importorskip("ray")
@@ -212,14 +213,20 @@ def test_the_driver_killed_mid_run_resumes_without_redoing_finished_jobs(base, t
     assert "resuming" in again.stdout or len(before) == 10
 
 
-def test_a_cluster_address_finds_the_declared_devices(base, tmp_path):
-    """`--address HOST:PORT` (the GCS of a running cluster): the farm starts one worker per node that declares
-    the device resources, names it by node, and runs the jobs there."""
+@pytest.mark.parametrize("through", ["gcs", "ray client"])
+def test_a_cluster_address_finds_the_declared_devices(base, tmp_path, through):
+    """`--address HOST:PORT` (the GCS of a running cluster) or `ray://HOST:PORT` (its Ray Client server): the
+    farm starts one worker per node that declares the device resources, names it by node, and runs the jobs
+    there."""
     from ray.cluster_utils import Cluster
 
     from h3director.farm.ledger import Ledger
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": 100 * 2**20})
+    head = {"num_cpus": 0, "object_store_memory": 100 * 2**20}
+    if through == "ray client":
+        head["ray_client_server_port"] = free_port()
+    cluster = Cluster(initialize_head=True, head_node_args=head)
+    address = f"ray://127.0.0.1:{head['ray_client_server_port']}" if through == "ray client" else cluster.address
     try:
         cluster.add_node(num_cpus=1, object_store_memory=100 * 2**20,
                          resources={"h3_accel_mb": 12288, "h3_host_mb": 8192})
@@ -228,7 +235,7 @@ def test_a_cluster_address_finds_the_declared_devices(base, tmp_path):
         jobs.write_text("".join(json.dumps({"id": f"c{i}", "workflow": "decode.json"}) + "\n" for i in range(3)))
         out = tmp_path / "out"
         command = _cli(base, jobs, out, "unused")
-        command[command.index("--workers"):command.index("--workers") + 2] = ["--address", cluster.address]
+        command[command.index("--workers"):command.index("--workers") + 2] = ["--address", address]
         done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=base, env=ENV)
     finally:
         cluster.shutdown()
