@@ -3,7 +3,6 @@ and the CLI's refusals (an unreachable cluster, a missing ledger)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import socket
 import sqlite3
@@ -192,16 +191,16 @@ def test_a_server_that_does_not_start_is_a_clear_error(tmp_path):
 
 
 def test_ray_client_without_its_package_says_what_to_install(tmp_path):
+    """Ray Client's package (grpc) hidden from a fresh Python (`sys.modules["grpc"] = None` makes it
+    unimportable, as on a machine with plain `ray`)."""
     pytest.importorskip("ray")
-    if importlib.util.find_spec("grpc") is not None:
-        pytest.skip("ray[client] is installed here")
     jobs = tmp_path / "jobs.jsonl"
     jobs.write_text("")
     with socket.socket() as listener:                     # something answers the TCP check
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         address = f"ray://127.0.0.1:{listener.getsockname()[1]}"
-        done = subprocess.run([sys.executable, "-m", "h3director", "farm", "run", str(jobs), "--address", address,
-                               "--comfyui", str(tmp_path), "--out", str(tmp_path / "out")],
-                              capture_output=True, text=True, timeout=120)
+        argv = ["farm", "run", str(jobs), "--address", address, "--comfyui", str(tmp_path), "--out", str(tmp_path / "out")]
+        hidden = f"import sys; sys.modules['grpc'] = None; from h3director.cli import main; sys.exit(main({argv!r}))"
+        done = subprocess.run([sys.executable, "-c", hidden], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "pip install 'ray[client]'" in done.stderr, done.stderr
