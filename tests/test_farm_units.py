@@ -60,7 +60,7 @@ def test_each_bad_line_gets_its_own_error_and_the_others_go_on(folder):
     assert "malformed JSON" in messages[2]
     assert "duplicate job id 'ok'" in messages[3]
     assert "override 'prompt' matches no node input" in messages[4]
-    assert "'diffusers' pipeline specs are not run" in messages[5]
+    assert "a diffusers job needs frames, width, height" in messages[5]
     assert "UI format" in messages[6]
     assert "cannot read workflow" in messages[7]
     assert "'id' must be" in messages[8]

@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 
 from h3director.errors import BudgetError, H3DirectorError, InvalidInputError
 from h3director.farm import needs
+from h3director.farm.diffusers_job import request as diffusers_request
 from h3director.farm.jobs import Job, read_jobs, unknown_classes
 from h3director.farm.ledger import Ledger
 from h3director.farm.worker import NAMESPACE, ServerConfig, job_task, worker_actor
@@ -220,8 +221,9 @@ class Farm:
         item.attempt = self.ledger.start_attempt(item.job.id, rung.index, rung.settings, rung.device_bytes,
                                                  rung.device_mb)
         workflow = needs.apply_rung(rung, item.job.workflow)
+        pipeline = diffusers_request(item.job, rung.settings) if item.job.diffusers is not None else None
         ref = self.task.options(resources={needs.ACCEL_RESOURCE: rung.device_mb, needs.HOST_RESOURCE: rung.host_mb},
-                                name=f"h3farm-job-{item.job.id}").remote(item.job.id, workflow)
+                                name=f"h3farm-job-{item.job.id}").remote(item.job.id, workflow, pipeline)
         self.pending[ref] = item
 
     def handle(self, ref) -> None:

@@ -13,7 +13,9 @@ A line is ``{"id": "shot-01", "workflow": "flows/decode_api.json", "prompt": "..
 - ``set``: explicit ``{node_id: {input: value}}`` values for anything else.
 
 ``frames``/``width``/``height`` (given, or read from the workflow's nodes) are what the planner prices.
-A ``diffusers`` spec is recognised and refused: the farm's workers run ComfyUI only.
+A line with ``"diffusers": {...}`` instead of ``workflow`` runs diffusers' H3 pipeline on the worker
+(`farm.diffusers_job`: the spec, checked here); it takes ``seed``, ``frames``, ``width``, ``height``
+(the geometry required, within the pipeline's 124-345 frames) and neither ``prompt`` nor ``set``.
 Every problem is a `JobError` for its line; the other lines go on.
 """
 
@@ -53,6 +55,7 @@ class Job:
     height: int | None
     spec_hash: str
     overrides: dict = field(default_factory=dict)
+    diffusers: object = None       # a `diffusers_job.DiffusersSpec` for a diffusers job (then `workflow` is {})
 
     @property
     def classes(self) -> set[str]:
@@ -167,8 +170,7 @@ def _parse_line(number: int, text: str, folder: Path, seen: set[str], cache: dic
     if unknown:
         raise _Refused(f"unknown keys {unknown}; a job has {sorted(KNOWN_KEYS)}")
     if "diffusers" in data:
-        raise _Refused("'diffusers' pipeline specs are not run by the farm yet: its workers host ComfyUI; "
-                       "give a ComfyUI API 'workflow'")
+        return _diffusers_job(number, job_id, data, folder)
     if not isinstance(data.get("workflow"), str) or not data["workflow"]:
         raise _Refused("'workflow' (the path of a ComfyUI API workflow JSON) is required")
     path = Path(data["workflow"]).expanduser()
@@ -184,6 +186,37 @@ def _parse_line(number: int, text: str, folder: Path, seen: set[str], cache: dic
                width=_geometry(workflow, "width", overrides.get("width")),
                height=_geometry(workflow, "height", overrides.get("height")),
                spec_hash=digest, overrides=overrides)
+
+
+def _diffusers_job(number: int, job_id: str, data: dict, folder: Path) -> Job:
+    from h3director.errors import InvalidInputError
+    from h3director.farm.diffusers_job import MAX_FRAMES, MIN_FRAMES, parse_spec
+
+    if "workflow" in data:
+        raise _Refused("a job has either 'workflow' (ComfyUI) or 'diffusers' (a pipeline spec), not both")
+    for key in ("prompt", "set"):
+        if key in data:
+            raise _Refused(f"'{key}' is for ComfyUI workflows; a diffusers job takes its text as the spec's "
+                           "'prompt_embeds' file" if key == "prompt" else
+                           f"'{key}' is for ComfyUI workflows; a diffusers job has no nodes")
+    overrides = {key: data[key] for key in OVERRIDES if key in data}
+    for key, value in overrides.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise _Refused(f"{key} must be an integer >= 0, got {value!r}")
+    missing = [key for key in ("frames", "width", "height") if key not in overrides]
+    if missing:
+        raise _Refused(f"a diffusers job needs {', '.join(missing)} (there is no workflow to read them from)")
+    if not MIN_FRAMES <= overrides["frames"] <= MAX_FRAMES:
+        raise _Refused(f"frames must be from {MIN_FRAMES} to {MAX_FRAMES} for H3's pipeline (5-15 s at 24 fps), "
+                       f"got {overrides['frames']}")
+    try:
+        spec = parse_spec(data["diffusers"], folder)
+    except InvalidInputError as error:
+        raise _Refused(str(error)) from None
+    key = json.dumps({"diffusers": spec.__dict__, **overrides}, sort_keys=True)
+    return Job(id=job_id, line=number, workflow_path=spec.pipeline, workflow={}, frames=overrides["frames"],
+               width=overrides["width"], height=overrides["height"],
+               spec_hash=hashlib.sha256(key.encode()).hexdigest()[:16], overrides=overrides, diffusers=spec)
 
 
 def parse_jobs(text: str, folder: str | Path = ".") -> tuple[list[Job], list[JobError]]:

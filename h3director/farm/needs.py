@@ -12,6 +12,9 @@ job's frames, width and height (H3's released model) and takes the largest:
   per call), keeping only rungs that need less than the one before; a rung's decode-phase device need
   (VAE weights + working set, GiB) goes to the ``budget_gb`` input of every decode node that has one.
 
+A diffusers job (`jobs.Job.diffusers`) runs sampling and decode: its rungs are the DiT chunkings whose
+head chunks divide its transformer's heads (applied by the worker with `apply_memory_plan`).
+
 `Rung.device_bytes` is the accelerator need (weights + working set of the largest phase);
 `Rung.host_bytes` the host RAM need. A job starts on the first rung that fits some worker (Ray then
 places it where that need is free); an out-of-memory error moves it one rung down (`next_rung`).
@@ -132,7 +135,8 @@ def _rung(index: int, request: PlanRequest, phases: list[str], settings: dict) -
 def ladder(job) -> list[Rung]:
     """The rungs for a `jobs.Job`, most generous first. Raises `InvalidInputError` when the workflow
     runs nothing the planner prices or its geometry is unknown or off H3's grid."""
-    phases = phases_of(job.classes)
+    spec = getattr(job, "diffusers", None)
+    phases = ["sampling", "decode"] if spec is not None else phases_of(job.classes)
     if not phases:
         raise InvalidInputError("the workflow runs no phase the planner prices (text encoding, sampling or decode)")
     missing = [name for name in ("frames", "width", "height") if getattr(job, name) is None]
@@ -142,9 +146,9 @@ def ladder(job) -> list[Rung]:
     base.validate()
     rungs: list[Rung] = []
     if "sampling" in phases:
-        heads = DiTShape.from_config(None).heads
+        heads = spec.heads if spec is not None else DiTShape.from_config(None).heads
         chunkings = [(h, f) for h, f in CHUNKINGS if heads % h == 0]
-        if DIT_MEMORY_CLASS not in job.classes:
+        if spec is None and DIT_MEMORY_CLASS not in job.classes:
             chunkings = chunkings[:1]
         for h, f in chunkings:
             request = PlanRequest(**{**base.__dict__, "head_chunks": h, "ffn_chunks": f})

@@ -1,4 +1,5 @@
-"""The farm's worker: a Ray actor bound to one node (one device) that hosts a ComfyUI server.
+"""The farm's worker: a Ray actor bound to one node (one device) that hosts a ComfyUI server and,
+for diffusers jobs, the diffusers H3 pipeline (`diffusers_job.PipelineHost`, in the actor's process).
 
 One worker per Ray node that declares the `needs.ACCEL_RESOURCE` custom resource (the device's memory
 in MiB). The actor is pinned to its node (hard node affinity), named ``h3farm-<node id>`` in the
@@ -6,7 +7,8 @@ in MiB). The actor is pinned to its node (hard node affinity), named ``h3farm-<n
 starts). Jobs are Ray tasks (`run_job`) that ask for the job's predicted MiB of that resource: Ray
 starts one only on a node with that much unclaimed, and holds it until the task ends, so the
 predictions of the jobs on a device never add up to more than its capacity. The task calls its node's
-worker, which runs one prompt at a time on its server.
+worker, which runs one prompt at a time on its server, and one diffusers job at a time in its own
+process (the last pipeline folder it loaded stays loaded for the next job).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class FarmWorker:
         self.name = name
         self.node_id = ray.get_runtime_context().get_node_id()
         self.config = ServerConfig(**config)
-        work = tempfile.mkdtemp(prefix=f"h3farm-{name}-", dir=self.config.work_root)
+        work = self.work = tempfile.mkdtemp(prefix=f"h3farm-{name}-", dir=self.config.work_root)
         self.server = ComfyServer(self.config.python, self.config.comfyui_dir, self.config.base_dir, work,
                                   cpu=self.config.cpu)
         atexit.register(self._shutdown, work)
@@ -59,6 +61,8 @@ class FarmWorker:
         self.device = "cpu" if self.config.cpu else os.environ.get("CUDA_VISIBLE_DEVICES", "default device")
         self._classes: list[str] | None = None
         self._one_at_a_time = threading.Lock()   # ComfyUI runs one prompt at a time; so do the monitor windows
+        self._one_pipeline_job = threading.Lock()   # the kept pipeline runs one job at a time
+        self._pipelines = None
 
     def ready(self) -> dict:
         """Who this worker is: name, node, device, PIDs (its own and its server's)."""
@@ -76,6 +80,16 @@ class FarmWorker:
         with self._one_at_a_time:
             result = self.server.run(with_output_prefix(workflow, job_id))
         return {**asdict(result), "worker": self.name, "device": self.device, "node_id": self.node_id}
+
+    def run_diffusers(self, job_id: str, request: dict) -> dict:
+        """Run a diffusers job (`diffusers_job.request`) in this process on the kept pipeline."""
+        from h3director.farm.diffusers_job import PipelineHost
+
+        with self._one_pipeline_job:
+            if self._pipelines is None:
+                self._pipelines = PipelineHost("cpu" if self.config.cpu else None)
+            result = self._pipelines.run(job_id, request, self.work)
+        return {**result, "worker": self.name, "device": str(self._pipelines.device), "node_id": self.node_id}
 
     def _shutdown(self, work: str) -> None:
         """On a normal exit of the actor's process: stop the server and delete its folders (their files
@@ -97,8 +111,9 @@ def worker_actor(node_id: str, name: str, config: ServerConfig):
     return cls.remote(name, asdict(config))
 
 
-def _run_job(job_id: str, workflow: dict) -> dict:
-    """Body of the job task: find this node's worker, wait until it is up, run the job there.
+def _run_job(job_id: str, workflow: dict, diffusers: dict | None = None) -> dict:
+    """Body of the job task: find this node's worker, wait until it is up, run the job there (the
+    ComfyUI `workflow`, or the diffusers job `diffusers` when given).
     Returns the worker's result with ``held_from``/``held_to`` (epoch seconds): the interval this
     task held the job's resources."""
     import ray
@@ -115,7 +130,8 @@ def _run_job(job_id: str, workflow: dict) -> dict:
             if time.monotonic() > deadline:
                 raise
             time.sleep(1.0)
-    result = ray.get(actor.run.remote(job_id, workflow))
+    call = actor.run_diffusers.remote(job_id, diffusers) if diffusers is not None else actor.run.remote(job_id, workflow)
+    result = ray.get(call)
     return {**result, "held_from": held_from, "held_to": time.time()}
 
 
