@@ -125,3 +125,14 @@ def test_a_job_error_is_reported_and_the_host_goes_on(folder, tmp_path):
     assert bad["status"] == "error" and "InvalidInputError" in bad["error"] and bad["files"] == {}
     good = host.run("y", request(job, {"head_chunks": 1, "ffn_chunks": 1}), str(tmp_path))
     assert good["status"] == "done" and not (tmp_path / "x.mp4").exists()
+
+
+def test_an_out_of_memory_decode_is_an_oom_result_the_driver_retries_cheaper(folder, tmp_path):
+    from h3director.farm.diffusers_job import PipelineHost, request
+    from h3director.video.faults import OomOnClip
+
+    (job,), _ = parse_jobs(_line(), folder)
+    injector = OomOnClip(clips=range(100), times=100)       # every execution of the first clip fails
+    result = PipelineHost("cpu", fault_injector=injector).run("o", request(job, {}), str(tmp_path))
+    assert injector.hits and result["status"] == "oom" and "DecodeOutOfMemory" in result["error"], result["error"]
+    assert result["files"] == {} and not (tmp_path / "o.mp4").exists()

@@ -168,12 +168,14 @@ def _device(name: str | None):
 class PipelineHost:
     """The diffusers components a worker keeps loaded: the last (folder, dtype) it ran, on its device.
     `run(job_id, request, work_dir)` runs one job and returns a `comfy_server.RunResult`-shaped dict.
-    `device`: a torch device name; None takes CUDA's current device when there is one, else the CPU."""
+    `device`: a torch device name; None takes CUDA's current device when there is one, else the CPU.
+    `fault_injector` goes to `stream_decode` (tests: `video.faults.OomOnClip`)."""
 
-    def __init__(self, device: str | None = None) -> None:
+    def __init__(self, device: str | None = None, fault_injector=None) -> None:
         self.key: tuple[str, str] | None = None
         self.transformer = self.vae = self.scheduler = None
         self.device = _device(device)
+        self.fault_injector = fault_injector
 
     def _load(self, spec: DiffusersSpec) -> None:
         import torch
@@ -227,16 +229,19 @@ class PipelineHost:
         from h3director.video.scheduler import stream_decode
         from h3director.video.sinks import file_sink_for
 
-        stream_decode(H3VideoAdapter(self.vae), latents, file_sink_for(path, fps=FPS, crf=spec.crf))
+        stream_decode(H3VideoAdapter(self.vae), latents, file_sink_for(path, fps=FPS, crf=spec.crf),
+                      fault_injector=self.fault_injector)
 
     def run(self, job_id: str, job: dict, work_dir: str) -> dict:
-        """Load (or reuse) the pipeline, run the job, return ``status`` ("done", "oom", "error"), ``files``
+        """Load (or reuse) the pipeline, run the job, return ``status`` ("done", "oom": an allocator failure
+        or a decode that ran out of memory on every execution `stream_decode` has, "error"), ``files``
         ({name: bytes}), ``peak_bytes`` / ``peak_series`` (CUDA: ``torch.cuda.max_memory_allocated``;
         CPU: this process's resident bytes sampled every 50 ms), ``error``, ``seconds``."""
         import torch
 
         from h3director.core.monitor import Monitor
         from h3director.core.oom import is_out_of_memory
+        from h3director.video.scheduler import DecodeOutOfMemory
 
         spec = DiffusersSpec(**job["spec"])
         cuda = self.device.type == "cuda"
@@ -258,7 +263,7 @@ class PipelineHost:
             with torch.no_grad():
                 self._decode(spec, self._latents(spec, job), path)
         except Exception as failure:  # the job's result carries the error; the worker goes on
-            status = "oom" if is_out_of_memory(failure) else "error"
+            status = "oom" if is_out_of_memory(failure) or isinstance(failure, DecodeOutOfMemory) else "error"
             error = f"{type(failure).__name__}: {failure}"[:4000]
         finally:
             if monitor is not None:

@@ -1,0 +1,80 @@
+"""Diffusers jobs on the farm through a real local Ray (one simulated device) and the CLI: one JSONL file
+mixing ComfyUI decode jobs (the vendored ComfyUI, tiny H3 VAEs) and diffusers jobs (a tiny random-init H3
+pipeline saved with save_pretrained to a folder): every job is done, the diffusers outputs are MP4s of
+the job's frame count with a measured peak in the ledger, a bad spec is refused on its line; a second run
+over the same --out redoes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from comfy_harness.vendored import why_unavailable
+
+pytest.importorskip("ray")
+COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
+pytestmark = [pytest.mark.comfyui, pytest.mark.slow, pytest.mark.skipif(not COMFYUI_DIR, reason=why_unavailable())]
+WORKERS = "w0=128GB:8GB"     # a 32x32x124 diffusers job is priced 61.89 GiB (H3's released DiT): two at once
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
+
+
+def _cli(folder, jobs, out):
+    return [sys.executable, "-m", "h3director", "farm", "run", str(jobs), "--out", str(out), "--workers", WORKERS,
+            "--comfyui", COMFYUI_DIR, "--comfy-python", os.environ.get("COMFYUI_PYTHON", sys.executable),
+            "--comfy-base", str(folder / "base"), "--cpu"]
+
+
+def test_diffusers_and_comfyui_jobs_in_one_file_and_a_rerun_redoes_nothing(tmp_path):
+    import av
+    from comfy_harness.farm_base import prepare_farm_base, write_decode_workflow
+    from comfy_harness.farm_diffusers import write_embeds, write_tiny_pipeline
+
+    from h3director.farm.ledger import Ledger
+
+    prepare_farm_base(tmp_path / "base")
+    write_decode_workflow(tmp_path / "decode.json")
+    write_tiny_pipeline(tmp_path / "pipe")
+    write_embeds(tmp_path / "embeds.safetensors")
+    spec = {"pipeline": "pipe", "prompt_embeds": "embeds.safetensors", "steps": 2}
+    diffusers = [f"gen{seed}" for seed in range(3)]
+    lines = [{"id": job_id, "diffusers": spec, "seed": seed, "frames": 124, "width": 32, "height": 32}
+             for seed, job_id in enumerate(diffusers)]
+    lines += [{"id": f"dec{i}", "workflow": "decode.json"} for i in range(2)]
+    lines += [{"id": "bad-spec", "diffusers": {**spec, "dtype": "float8"}, "frames": 124, "width": 32, "height": 32}]
+    jobs = tmp_path / "mixed.jsonl"
+    jobs.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out"
+
+    first = subprocess.run(_cli(tmp_path, jobs, out), capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                           env=ENV)
+    print(first.stdout)
+    assert first.returncode == 1, first.stdout[-4000:] + first.stderr[-4000:]     # 1: the bad spec was refused
+    assert "diffusers 'dtype' must be one of" in first.stdout
+    with Ledger(out / "farm.sqlite") as ledger:
+        rows = {row.id: row for row in ledger.rows()}
+        attempts = ledger.attempts()
+    assert all(rows[j].state == "done" for j in diffusers + ["dec0", "dec1"]), {j: r.state for j, r in rows.items()}
+    assert rows["bad-spec"].state == "refused"
+    videos = {}
+    for job_id in diffusers:
+        assert [p.name for p in (out / job_id).iterdir()] == [f"{job_id}.mp4"]
+        assert rows[job_id].measured_peak_bytes > 0 and rows[job_id].worker == "w0"
+        with av.open(str(out / job_id / f"{job_id}.mp4")) as container:
+            stream = container.streams.video[0]
+            assert (sum(1 for _ in container.decode(stream)), stream.width, stream.height) == (124, 32, 32)
+        videos[job_id] = (out / job_id / f"{job_id}.mp4").read_bytes()
+    assert len(set(videos.values())) == 3                      # the seed reached the sampler
+    for job_id in ("dec0", "dec1"):
+        assert [p.name for p in (out / job_id).iterdir()] == ["decode_00001_.mp4"]
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("*/*.mp4")}
+
+    again = subprocess.run(_cli(tmp_path, jobs, out), capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                           env=ENV)
+    assert again.returncode == 1, again.stdout[-4000:] + again.stderr[-4000:]
+    with Ledger(out / "farm.sqlite") as ledger:
+        assert ledger.attempts() == attempts                    # no job started again
+        assert {row.id: row.state for row in ledger.rows()} == {j: r.state for j, r in rows.items()}
+    assert {p: p.stat().st_mtime_ns for p in out.glob("*/*.mp4")} == stamps
