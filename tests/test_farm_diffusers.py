@@ -64,7 +64,7 @@ def test_a_good_spec_becomes_a_diffusers_job(folder):
     ({"diffusers": {**GOOD_SPEC, "pipeline": "pipe/vae"}}, "has no transformer/config.json"),
     ({"diffusers": {**GOOD_SPEC, "task": "i2v"}}, "diffusers 'task' must be one of ['t2v']"),
     ({"diffusers": {**GOOD_SPEC, "dtype": "float8"}}, "diffusers 'dtype' must be one of"),
-    ({"diffusers": {**GOOD_SPEC, "steps": 0}}, "diffusers 'steps' must be an integer from 1 to 1000, got 0"),
+    ({"diffusers": {**GOOD_SPEC, "steps": 1}}, "diffusers 'steps' must be an integer from 2 to 1000, got 1"),
     ({"diffusers": {**GOOD_SPEC, "crf": 60}}, "diffusers 'crf' must be an integer from 0 to 51"),
     ({"diffusers": {**GOOD_SPEC, "prompt_embeds": "missing.safetensors"}}, "is not a file"),
     ({"diffusers": {**GOOD_SPEC, "prompt_embeds": "not_safetensors.safetensors"}}, "is not a safetensors file"),
@@ -136,3 +136,17 @@ def test_an_out_of_memory_decode_is_an_oom_result_the_driver_retries_cheaper(fol
     result = PipelineHost("cpu", fault_injector=injector).run("o", request(job, {}), str(tmp_path))
     assert injector.hits and result["status"] == "oom" and "DecodeOutOfMemory" in result["error"], result["error"]
     assert result["files"] == {} and not (tmp_path / "o.mp4").exists()
+
+
+def test_without_comfyui_a_file_with_workflow_jobs_is_refused_naming_the_lines(tmp_path):
+    import subprocess
+    import sys
+
+    pytest.importorskip("ray")
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text(_line() + "\n" + json.dumps({"id": "w", "workflow": "decode.json"}) + "\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "H3_FARM_COMFYUI"}
+    done = subprocess.run([sys.executable, "-m", "h3director", "farm", "run", str(jobs), "--workers", "w0=1GB",
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2, done.stderr
+    assert "--comfyui (or H3_FARM_COMFYUI) must name" in done.stderr and "workflow jobs (lines 2)" in done.stderr

@@ -2,7 +2,7 @@
 mixing ComfyUI decode jobs (the vendored ComfyUI, tiny H3 VAEs) and diffusers jobs (a tiny random-init H3
 pipeline saved with save_pretrained to a folder): every job is done, the diffusers outputs are MP4s of
 the job's frame count with a measured peak in the ledger, a bad spec is refused on its line; a second run
-over the same --out redoes nothing."""
+over the same --out redoes nothing. A file of diffusers jobs only runs without --comfyui (no server)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from comfy_harness.vendored import why_unavailable
 
 pytest.importorskip("ray")
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
-pytestmark = [pytest.mark.comfyui, pytest.mark.slow, pytest.mark.skipif(not COMFYUI_DIR, reason=why_unavailable())]
+pytestmark = pytest.mark.slow
 WORKERS = "w0=128GB:8GB"     # a 32x32x124 diffusers job is priced 61.89 GiB (H3's released DiT): two at once
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
@@ -27,6 +27,8 @@ def _cli(folder, jobs, out):
             "--comfy-base", str(folder / "base"), "--cpu"]
 
 
+@pytest.mark.comfyui
+@pytest.mark.skipif(not COMFYUI_DIR, reason=why_unavailable())
 def test_diffusers_and_comfyui_jobs_in_one_file_and_a_rerun_redoes_nothing(tmp_path):
     import av
     from comfy_harness.farm_base import prepare_farm_base, write_decode_workflow
@@ -78,3 +80,27 @@ def test_diffusers_and_comfyui_jobs_in_one_file_and_a_rerun_redoes_nothing(tmp_p
         assert ledger.attempts() == attempts                    # no job started again
         assert {row.id: row.state for row in ledger.rows()} == {j: r.state for j, r in rows.items()}
     assert {p: p.stat().st_mtime_ns for p in out.glob("*/*.mp4")} == stamps
+
+
+def test_diffusers_jobs_alone_need_no_comfyui(tmp_path):
+    import psutil
+    from comfy_harness.farm_diffusers import write_embeds, write_tiny_pipeline
+
+    from h3director.farm.ledger import Ledger
+
+    write_tiny_pipeline(tmp_path / "pipe")
+    write_embeds(tmp_path / "embeds.safetensors")
+    spec = {"pipeline": "pipe", "prompt_embeds": "embeds.safetensors", "steps": 2, "dtype": "bfloat16"}
+    jobs = tmp_path / "gen.jsonl"
+    jobs.write_text("".join(json.dumps({"id": f"g{i}", "diffusers": spec, "seed": i, "frames": 124, "width": 32,
+                                        "height": 32}) + "\n" for i in range(2)))
+    env = {k: v for k, v in ENV.items() if k != "H3_FARM_COMFYUI"}
+    done = subprocess.run([sys.executable, "-m", "h3director", "farm", "run", str(jobs), "--out", str(tmp_path / "out"),
+                           "--workers", WORKERS, "--cpu"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=env)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    with Ledger(tmp_path / "out" / "farm.sqlite") as ledger:
+        rows = ledger.rows()
+    assert [(r.id, r.state, r.device) for r in rows] == [("g0", "done", "cpu"), ("g1", "done", "cpu")]
+    assert all((tmp_path / "out" / r.id / f"{r.id}.mp4").stat().st_size > 0 for r in rows)
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "h3director.farm.serve" in (p.info["cmdline"] or [])]

@@ -9,13 +9,15 @@ from pathlib import Path
 
 from h3director.errors import InvalidInputError
 
-HELP = "Render farm on Ray: run a JSONL batch of ComfyUI jobs placed by predicted memory; show a run's status."
+HELP = ("Render farm on Ray: run a JSONL batch of ComfyUI or diffusers H3 jobs placed by predicted memory; "
+        "show a run's status.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="farm_command", metavar="{run,status}", required=True)
     run = sub.add_parser("run", help="run every job of a JSONL file (resumes an earlier run in the same --out)")
-    run.add_argument("jobs", help="JSONL job file: one {\"id\", \"workflow\", overrides...} object per line")
+    run.add_argument("jobs", help="JSONL job file: one {\"id\", \"workflow\" or \"diffusers\", overrides...} "
+                                  "object per line")
     run.add_argument("--address", default=None,
                      help="Ray cluster: ray://HOST:10001, HOST:PORT or auto; default (or 'local'): a Ray on this machine")
     run.add_argument("--out", default="farm_out", help="folder for outputs (OUT/<job id>/) and the ledger farm.sqlite")
@@ -23,13 +25,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="local devices NAME=ACCEL[:HOST],... e.g. gpu0=24GB,gpu1=12GB (default: one worker with "
                           "this machine's free accelerator memory, or its RAM on a CPU-only machine)")
     run.add_argument("--comfyui", default=os.environ.get("H3_FARM_COMFYUI"),
-                     help="ComfyUI source folder on every node (env H3_FARM_COMFYUI)")
+                     help="ComfyUI source folder on every node (env H3_FARM_COMFYUI); needed when the job file "
+                          "has ComfyUI workflow jobs")
     run.add_argument("--comfy-python", default=os.environ.get("H3_FARM_COMFY_PYTHON", sys.executable),
                      help="Python with ComfyUI's requirements (env H3_FARM_COMFY_PYTHON; default: this one)")
     run.add_argument("--comfy-base", default=os.environ.get("H3_FARM_COMFY_BASE"),
                      help="ComfyUI base folder with models/ and custom_nodes/ (this pack installed) "
                           "(env H3_FARM_COMFY_BASE; default: the --comfyui folder)")
-    run.add_argument("--cpu", action="store_true", help="start the ComfyUI servers with --cpu")
+    run.add_argument("--cpu", action="store_true",
+                     help="start the ComfyUI servers with --cpu and run diffusers jobs on the CPU")
     status = sub.add_parser("status", help="the ledger of a run: every job's state, worker, peaks and time")
     status.add_argument("--out", default="farm_out", help="the run's --out folder")
 
@@ -50,6 +54,21 @@ def _default_workers():
     return [WorkerSpec("local", budget.device_bytes, budget.host_bytes)]
 
 
+def _workflow_lines(path: Path) -> list[int]:
+    """The line numbers of the job file's lines that name a ComfyUI ``workflow`` (a cheap look, no checks)."""
+    import json
+
+    lines = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(data, dict) and "workflow" in data:
+            lines.append(number)
+    return lines
+
+
 def _run(args: argparse.Namespace) -> int:
     import psutil
     from rich.console import Console
@@ -61,9 +80,13 @@ def _run(args: argparse.Namespace) -> int:
     if not Path(args.jobs).is_file():
         raise InvalidInputError(f"job file {args.jobs!r} does not exist")
     if not args.comfyui:
-        raise InvalidInputError("--comfyui (or H3_FARM_COMFYUI) must name the ComfyUI folder the workers start")
+        lines = _workflow_lines(Path(args.jobs))
+        if lines:
+            raise InvalidInputError("--comfyui (or H3_FARM_COMFYUI) must name the ComfyUI folder the workers start: "
+                                    f"the job file has ComfyUI workflow jobs (lines {', '.join(map(str, lines[:10]))}"
+                                    f"{', ...' if len(lines) > 10 else ''})")
     local = args.address in (None, "", "local")
-    if local and not (Path(args.comfyui) / "main.py").is_file():    # on a cluster the path is the nodes'
+    if local and args.comfyui and not (Path(args.comfyui) / "main.py").is_file():    # on a cluster the path is the nodes'
         raise InvalidInputError(f"--comfyui {args.comfyui!r} has no main.py: not a ComfyUI source folder")
     if args.workers and not local:
         raise InvalidInputError("--workers is for a local farm; cluster nodes declare their devices themselves")
@@ -71,8 +94,9 @@ def _run(args: argparse.Namespace) -> int:
     if local:
         workers = parse_workers(args.workers, psutil.virtual_memory().available) if args.workers \
             else _default_workers()
-    config = ServerConfig(python=args.comfy_python, comfyui_dir=str(Path(args.comfyui).absolute()),
-                          base_dir=str(Path(args.comfy_base or args.comfyui).absolute()), cpu=args.cpu)
+    comfyui = str(Path(args.comfyui).absolute()) if args.comfyui else ""
+    config = ServerConfig(python=args.comfy_python, comfyui_dir=comfyui,
+                          base_dir=str(Path(args.comfy_base or args.comfyui).absolute()) if comfyui else "", cpu=args.cpu)
     return run_farm(args.jobs, args.out, address=None if local else args.address, workers=workers,
                     config=config, console=Console())
 

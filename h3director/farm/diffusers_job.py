@@ -18,7 +18,8 @@ A job line names the pipeline with ``"diffusers": {...}`` and the usual ``seed``
   `integrations.diffusers_h3.H3VideoAdapter`) into ``<job id>.mp4`` (24 fps, H.264 through `VideoFileSink`).
   The audio latents the step also draws are not decoded;
 - ``dtype``: ``float32`` (default), ``bfloat16`` or ``float16``: the transformer's and the VAE's;
-- ``steps``: denoising steps, 1-1000 (default 30); ``crf``: the H.264 quality, 0-51 (default 18).
+- ``steps``: denoising steps, 2-1000 (default 30; H3's scheduler needs at least 2); ``crf``: the H.264
+  quality, 0-51 (default 18).
 
 Everything above is checked when the job file is read (folders, ``_class_name`` of each config, the
 embeddings' safetensors header and width) without importing diffusers. The farm prices a diffusers job
@@ -146,7 +147,7 @@ def parse_spec(spec: object, folder: Path) -> DiffusersSpec:
     if width != text_dim:
         raise InvalidInputError(f"prompt_embeds are {width} wide but the transformer's text_dim is {text_dim}")
     return DiffusersSpec(pipeline=str(paths["pipeline"]), prompt_embeds=str(paths["prompt_embeds"]), task=task,
-                         dtype=dtype, steps=_int(spec, "steps", DEFAULT_STEPS, 1, 1000),
+                         dtype=dtype, steps=_int(spec, "steps", DEFAULT_STEPS, 2, 1000),
                          crf=_int(spec, "crf", DEFAULT_CRF, 0, 51),
                          heads=int(transformer.get("num_attention_heads", 0)), text_dim=text_dim)
 

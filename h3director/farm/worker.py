@@ -28,7 +28,8 @@ READY_TIMEOUT_S = 600
 @dataclass(frozen=True)
 class ServerConfig:
     """Where ComfyUI is on every node: its Python, its source tree, and the base folder (models and
-    custom_nodes with this pack); `cpu` starts it with ``--cpu``; `work_root` holds each worker's
+    custom_nodes with this pack); an empty `comfyui_dir` starts no server (a farm of diffusers jobs only);
+    `cpu` starts it with ``--cpu`` and puts diffusers jobs on the CPU; `work_root` holds each worker's
     output/temp/user folders (default: the system's temporary folder)."""
 
     python: str
@@ -43,7 +44,8 @@ def actor_name(node_id: str) -> str:
 
 
 class FarmWorker:
-    """Hosts one ComfyUI server for the device of its node (plain class; `worker_actor` wraps it)."""
+    """Hosts one ComfyUI server (unless the config names none) and the diffusers pipelines for the device
+    of its node (plain class; `worker_actor` wraps it)."""
 
     def __init__(self, name: str, config: dict):
         import ray
@@ -54,10 +56,13 @@ class FarmWorker:
         self.node_id = ray.get_runtime_context().get_node_id()
         self.config = ServerConfig(**config)
         work = self.work = tempfile.mkdtemp(prefix=f"h3farm-{name}-", dir=self.config.work_root)
-        self.server = ComfyServer(self.config.python, self.config.comfyui_dir, self.config.base_dir, work,
-                                  cpu=self.config.cpu)
+        self.server = None
+        if self.config.comfyui_dir:
+            self.server = ComfyServer(self.config.python, self.config.comfyui_dir, self.config.base_dir, work,
+                                      cpu=self.config.cpu)
         atexit.register(self._shutdown, work)
-        self.server.start()
+        if self.server is not None:
+            self.server.start()
         self.device = "cpu" if self.config.cpu else os.environ.get("CUDA_VISIBLE_DEVICES", "default device")
         self._classes: list[str] | None = None
         self._one_at_a_time = threading.Lock()   # ComfyUI runs one prompt at a time; so do the monitor windows
@@ -65,13 +70,14 @@ class FarmWorker:
         self._pipelines = None
 
     def ready(self) -> dict:
-        """Who this worker is: name, node, device, PIDs (its own and its server's)."""
+        """Who this worker is: name, node, device, PIDs (its own and its server's; None without a server)."""
+        server = self.server
         return {"name": self.name, "node_id": self.node_id, "device": self.device, "pid": os.getpid(),
-                "server_pid": self.server.process.pid, "url": self.server.url}
+                "server_pid": server.process.pid if server else None, "url": server.url if server else None}
 
     def node_classes(self) -> list[str]:
         if self._classes is None:
-            self._classes = sorted(self.server.node_classes())
+            self._classes = sorted(self.server.node_classes()) if self.server is not None else []
         return self._classes
 
     def run(self, job_id: str, workflow: dict) -> dict:
@@ -95,7 +101,8 @@ class FarmWorker:
         """On a normal exit of the actor's process: stop the server and delete its folders (their files
         went back to the driver with each job). A killed process leaves the folders; its server exits
         by itself (`h3director.farm.serve`)."""
-        self.server.stop()
+        if self.server is not None:
+            self.server.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 
