@@ -2,14 +2,19 @@
 mixing ComfyUI decode jobs (the vendored ComfyUI, tiny H3 VAEs) and diffusers jobs (a tiny random-init H3
 pipeline saved with save_pretrained to a folder): every job is done, the diffusers outputs are MP4s of
 the job's frame count with a measured peak in the ledger, a bad spec is refused on its line; a second run
-over the same --out redoes nothing. A file of diffusers jobs only runs without --comfyui (no server)."""
+over the same --out redoes nothing. A file of diffusers jobs only runs without --comfyui (no server), and a worker process killed (SIGKILL) while it
+runs a diffusers job loses no job and finishes none twice."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import sqlite3
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 from comfy_harness.vendored import why_unavailable
@@ -82,7 +87,28 @@ def test_diffusers_and_comfyui_jobs_in_one_file_and_a_rerun_redoes_nothing(tmp_p
     assert {p: p.stat().st_mtime_ns for p in out.glob("*/*.mp4")} == stamps
 
 
-def test_diffusers_jobs_alone_need_no_comfyui(tmp_path):
+def _kill_the_worker_in_a_diffusers_job(ledger, done: int, killed: list[int]) -> None:
+    import psutil
+
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        try:
+            with sqlite3.connect(ledger, timeout=30) as db:
+                if db.execute("SELECT COUNT(*) FROM jobs WHERE state='done'").fetchone()[0] >= done:
+                    break
+        except sqlite3.OperationalError:
+            pass
+        time.sleep(0.2)
+    while time.monotonic() < deadline:       # Ray titles the actor's process with the method it runs
+        for process in psutil.process_iter(["cmdline"]):
+            if "ray::FarmWorker.run_diffusers" in " ".join(process.info["cmdline"] or []):
+                killed.append(process.pid)
+                process.send_signal(signal.SIGKILL)
+                return
+        time.sleep(0.05)
+
+
+def test_diffusers_jobs_alone_need_no_comfyui_and_survive_a_killed_worker(tmp_path):
     import psutil
     from comfy_harness.farm_diffusers import write_embeds, write_tiny_pipeline
 
@@ -90,17 +116,32 @@ def test_diffusers_jobs_alone_need_no_comfyui(tmp_path):
 
     write_tiny_pipeline(tmp_path / "pipe")
     write_embeds(tmp_path / "embeds.safetensors")
-    spec = {"pipeline": "pipe", "prompt_embeds": "embeds.safetensors", "steps": 2, "dtype": "bfloat16"}
+    spec = {"pipeline": "pipe", "prompt_embeds": "embeds.safetensors", "steps": 20}
+    lines = [{"id": f"g{i}", "diffusers": spec, "seed": i, "frames": 345, "width": 128, "height": 128}
+             for i in range(6)]
+    lines.append({"id": "bf16", "diffusers": {**spec, "steps": 2, "dtype": "bfloat16"}, "frames": 124, "width": 32,
+                  "height": 32})
     jobs = tmp_path / "gen.jsonl"
-    jobs.write_text("".join(json.dumps({"id": f"g{i}", "diffusers": spec, "seed": i, "frames": 124, "width": 32,
-                                        "height": 32}) + "\n" for i in range(2)))
+    jobs.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out"
+    killed: list[int] = []
+    killer = threading.Thread(target=_kill_the_worker_in_a_diffusers_job, args=(out / "farm.sqlite", 2, killed),
+                              daemon=True)
+    killer.start()
     env = {k: v for k, v in ENV.items() if k != "H3_FARM_COMFYUI"}
-    done = subprocess.run([sys.executable, "-m", "h3director", "farm", "run", str(jobs), "--out", str(tmp_path / "out"),
+    done = subprocess.run([sys.executable, "-m", "h3director", "farm", "run", str(jobs), "--out", str(out),
                            "--workers", WORKERS, "--cpu"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env=env)
+    killer.join(timeout=5)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    with Ledger(tmp_path / "out" / "farm.sqlite") as ledger:
+    assert killed, "no diffusers job was seen running"
+    with Ledger(out / "farm.sqlite") as ledger:
         rows = ledger.rows()
-    assert [(r.id, r.state, r.device) for r in rows] == [("g0", "done", "cpu"), ("g1", "done", "cpu")]
-    assert all((tmp_path / "out" / r.id / f"{r.id}.mp4").stat().st_size > 0 for r in rows)
+        attempts = ledger.attempts()
+    assert {(r.id, r.state, r.device) for r in rows} == {(line["id"], "done", "cpu") for line in lines}
+    for row in rows:                                          # finished once, one file each
+        results = [a["result"] for a in attempts if a["job_id"] == row.id]
+        assert results.count("done") == 1 and set(results) <= {"done", "worker lost"}, (row.id, results)
+        assert [p.name for p in (out / row.id).iterdir()] == [f"{row.id}.mp4"]
+    assert any(a["result"] == "worker lost" for a in attempts), "the killed worker had no job in flight"
     assert not [p for p in psutil.process_iter(["cmdline"]) if "h3director.farm.serve" in (p.info["cmdline"] or [])]
