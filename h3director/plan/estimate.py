@@ -199,7 +199,7 @@ class PlanEstimate:
 
     def seed_pool_mb(self) -> int:
         """The seed formula: (weights MB + largest node MB) x 1.3, rounded DOWN to a multiple of 1024."""
-        dit_weights_mb = _weight_bytes("dit", _config_key(self.request.dit_config), self.request.weights,
+        dit_weights_mb = _weight_bytes("dit", model_config_key(self.request.dit_config), self.request.weights,
                                        DIT_HIGH_PRECISION_BYTES) / MiB
         value = (dit_weights_mb + self.largest_working_bytes / MiB) * 1.3
         return int(value // 1024) * 1024
@@ -243,7 +243,7 @@ def int32_qkv_token_limit(shape: DiTShape) -> int:
     return 2**31 // (3 * shape.inner)
 
 
-def _config_key(config: Mapping | None) -> str:
+def model_config_key(config: Mapping | None) -> str:
     return json.dumps(dict(config or {}), sort_keys=True, default=list)
 
 
@@ -267,12 +267,14 @@ def _weight_bytes(model: str, config_key: str, fmt: str, float_bytes: int = 2, b
 
 
 @functools.lru_cache(maxsize=512)
-def _clip_working_set(config_key: str, height: int, width: int, tiles: int | None, dtype: str) -> int:
+def clip_working_set(config_key: str, height: int, width: int, tiles: int | None, dtype: str) -> int:
+    """Bytes one decode call's working set needs for a `height` x `width` clip (cached per config key)."""
     return decode_clip_working_set_bytes(json.loads(config_key), height, width, tiles, dtype)
 
 
 @functools.lru_cache(maxsize=512)
-def _audio_working_set(config_key: str, latents: int) -> int:
+def audio_working_set(config_key: str, latents: int) -> int:
+    """Bytes the audio decode's working set needs for `latents` audio latent frames (cached per config key)."""
     return audio_decode_working_set_bytes(json.loads(config_key), latents)
 
 
@@ -291,7 +293,7 @@ def estimate(request: PlanRequest) -> PlanEstimate:
     # carries them), so `request.audio` only decides the audio VAE and its output.
     geo = packed_geometry(request.width, request.height, request.frames, text_tokens=request.text_tokens,
                           refs=request.refs, keyframes=request.keyframes)
-    dit_key = _config_key(request.dit_config)
+    dit_key = model_config_key(request.dit_config)
     dit_bytes = _weight_bytes("dit", dit_key, request.weights, DIT_HIGH_PRECISION_BYTES)
     block_bytes = _weight_bytes("dit", dit_key, request.weights, block=True)
     offloaded = request.offload_blocks * block_bytes
@@ -304,14 +306,14 @@ def estimate(request: PlanRequest) -> PlanEstimate:
     te_act = text_encoder_activation_bytes(te_tokens, request.compute_dtype)
 
     vae_float = dtype_bytes(request.vae_dtype)
-    vae_key = _config_key(request.vae_config)
+    vae_key = model_config_key(request.vae_config)
     vae_decoder_bytes = _weight_bytes("video_vae", vae_key, "bf16" if vae_float == 2 else "fp32", vae_float) \
         - _inventory("video_vae", vae_key).group("encoder").params * vae_float
-    clip_ws = _clip_working_set(vae_key, request.height, request.width,
+    clip_ws = clip_working_set(vae_key, request.height, request.width,
                                 request.decode_tiles_per_call, request.vae_dtype)
-    audio_key = _config_key(request.audio_config)
+    audio_key = model_config_key(request.audio_config)
     audio_weights = 2 * _weight_bytes("audio_vae", audio_key, "fp32", 4) if request.audio else 0
-    audio_ws = _audio_working_set(audio_key, geo.audio_latents) if request.audio else 0
+    audio_ws = audio_working_set(audio_key, geo.audio_latents) if request.audio else 0
     sampling_ws = _sampling_working_set(dit_key, geo.rows, request.compute_dtype,
                                         request.attention, request.head_chunks, request.ffn_chunks,
                                         request.fused_norms)

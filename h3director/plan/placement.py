@@ -10,8 +10,8 @@ settings, split per component by phase: the text encoder is the `text_encoding` 
 activations), the DiT the `sampling` phase (resident weights + activations + latents), the video VAE the
 `decode` phase of the same request without audio, and the audio VAE the difference the audio makes to the
 decode weights plus its own working set (`audio.audio_decode_working_set_bytes`) and the latents. Settings
-per component are searched with the recommender's own choices (`recommend._choose_dit`,
-`recommend._choose_decode`, `recommend.TEXT_ENCODER_CHOICES`), each against the room its device has left.
+per component are searched with the recommender's own choices (`recommend.choose_dit`,
+`recommend.choose_decode`, `recommend.TEXT_ENCODER_CHOICES`), each against the room its device has left.
 The DiT is placed whole on one device (its blocks may be offloaded to host RAM, as on one device); it is
 never split across accelerators.
 
@@ -50,10 +50,10 @@ from h3director.plan.activations import DiTShape
 from h3director.plan.estimate import (
     PlanEstimate,
     PlanRequest,
-    _audio_working_set,
-    _clip_working_set,
-    _config_key,
+    audio_working_set,
+    clip_working_set,
     estimate,
+    model_config_key,
     packed_geometry,
 )
 from h3director.plan.recommend import (
@@ -65,8 +65,8 @@ from h3director.plan.recommend import (
     SINK_ORDER,
     TEXT_ENCODER_CHOICES,
     Budget,
-    _choose_decode,
-    _choose_dit,
+    choose_decode,
+    choose_dit,
     dit_memory_settings,
     recommend,
 )
@@ -304,11 +304,11 @@ def _needs(request: PlanRequest, assignment: Mapping[str, str]) -> _Needs:
         geo = packed_geometry(request.width, request.height, request.frames, text_tokens=request.text_tokens,
                               refs=request.refs, keyframes=request.keyframes)
         # the estimator's own (cached) per-clip and audio working sets
-        clip = _clip_working_set(_config_key(request.vae_config), request.height, request.width,
+        clip = clip_working_set(model_config_key(request.vae_config), request.height, request.width,
                                  request.decode_tiles_per_call, request.vae_dtype)
         latents = video.working_bytes - clip
         audio = ComponentNeed("audio_vae", assignment["audio_vae"], decode.weights_bytes - video.weights_bytes,
-                              _audio_working_set(_config_key(request.audio_config), geo.audio_latents) + latents,
+                              audio_working_set(model_config_key(request.audio_config), geo.audio_latents) + latents,
                               "audio VAE fp32 (decoder and latents)")
     if request.text_encoder_device == "cpu":      # its bytes are host bytes; show what it holds there
         te = _phase(estimate(dataclasses.replace(request, text_encoder_device="gpu")), "text_encoding")
@@ -383,7 +383,7 @@ class _Search:
         settings, so one search serves every text encoder choice; the result carries `request`'s)."""
         key = (device, taken)
         if key not in self._dit:
-            self._dit[key] = _choose_dit(request, self.budget(device, taken), self.formats)
+            self._dit[key] = choose_dit(request, self.budget(device, taken), self.formats)
         found = self._dit[key]
         return None if found is None else dataclasses.replace(
             found, text_encoder_device=request.text_encoder_device, text_encoder_weights=request.text_encoder_weights)
@@ -393,7 +393,7 @@ class _Search:
         through the offloaded blocks held in host RAM."""
         key = (device, taken, request.weights, request.offload_blocks, request.audio)
         if key not in self._decode:
-            self._decode[key] = _choose_decode(request, self.budget(device, taken))
+            self._decode[key] = choose_decode(request, self.budget(device, taken))
         return self._decode[key]
 
 

@@ -257,7 +257,7 @@ def _fewest_offloaded(base: PlanRequest, budget: Budget, blocks: int) -> PlanReq
     return _replace(base, offload_blocks=low)
 
 
-def _choose_dit(request: PlanRequest, budget: Budget, formats: Sequence[str]) -> PlanRequest | None:
+def choose_dit(request: PlanRequest, budget: Budget, formats: Sequence[str]) -> PlanRequest | None:
     """Per weights format, in order: the least chunking that fits with the DiT resident; else, since
     offloaded blocks cross the bus every step while the chunked tiers are exact and cost little time,
     the chunking that needs the fewest offloaded blocks (the less chunked one on a tie)."""
@@ -279,7 +279,9 @@ def _choose_dit(request: PlanRequest, budget: Budget, formats: Sequence[str]) ->
     return None
 
 
-def _choose_decode(request: PlanRequest, budget: Budget) -> PlanRequest | None:
+def choose_decode(request: PlanRequest, budget: Budget) -> PlanRequest | None:
+    """The first decode setting, sinks in `SINK_ORDER` and tiles per call in `DECODE_TILES` order, whose decode
+    phase fits `budget`; None when none does."""
     for sink in SINK_ORDER:
         for tiles in DECODE_TILES:
             candidate = _replace(request, decode_tiles_per_call=tiles, sink=sink, keep_dit_during_decode=False)
@@ -290,10 +292,10 @@ def _choose_decode(request: PlanRequest, budget: Budget) -> PlanRequest | None:
 
 def _fit_length(request: PlanRequest, budget: Budget, formats: Sequence[str],
                 rejected: list[str]) -> PlanRequest | None:
-    chosen = _choose_dit(request, budget, formats)
+    chosen = choose_dit(request, budget, formats)
     if chosen is None:
         return None
-    chosen = _choose_decode(chosen, budget)
+    chosen = choose_decode(chosen, budget)
     if chosen is None:
         rejected.append("decoding even one tile per call does not fit the accelerator")
         return None
