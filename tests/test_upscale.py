@@ -255,3 +255,15 @@ def test_missing_spandrel_names_the_extra(monkeypatch):
     model = __file__  # an existing file: the check for spandrel comes next
     with pytest.raises(InvalidInputError, match=r"h3director\[upscale\].*torchvision"):
         load_upscale_model(model)
+
+
+def test_frame_that_fits_one_tile_ignores_an_overlap_wider_than_the_tile(conv_model, tmp_path):
+    # a receptive field wider than the tile does not matter when the whole frame is one tile (as prepare() says)
+    frames = np.random.default_rng(6).integers(0, 256, (2, 12, 14, 3), dtype=np.uint8)
+    tile = 14
+    assert 2 * conv_model.receptive_field + 1 > tile
+    report = stream_upscale(conv_model, ArraySource(frames), MemmapSink(tmp_path / "one.npy"), tile=tile)
+    assert report.exact and report.tiles_per_frame == 1 and report.tiles == 2
+    reference = _untiled(conv_model, torch.from_numpy(frames[1]).permute(2, 0, 1).float() / 255)
+    expected = (reference.clamp(0, 1) * 255).round().permute(1, 2, 0).numpy().astype(int)
+    assert np.abs(np.load(report.result)[1].astype(int) - expected).max() <= 1

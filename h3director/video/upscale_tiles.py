@@ -89,7 +89,9 @@ def _axis(length: int, core: int, overlap: int, alignment: int, tile: int) -> li
 
 def plan_tiles(height: int, width: int, tile: int, overlap: int, alignment: int = 1) -> list[Tile]:
     """Row-major tiles covering a ``height x width`` frame, each region at most ``tile`` px on a side
-    (a frame that fits one tile is one tile)."""
+    (a frame that fits one tile is one tile, whatever the overlap: it needs no context from a neighbour)."""
+    if height <= tile and width <= tile:
+        return [Tile((0, height, 0, width), (0, height, 0, width))]
     core = check_tiling(tile, overlap, alignment)
     rows = _axis(height, core, overlap, alignment, tile)
     cols = _axis(width, core, overlap, alignment, tile)
