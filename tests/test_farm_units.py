@@ -15,7 +15,7 @@ from h3director.errors import BudgetError, InvalidInputError
 from h3director.farm import needs
 from h3director.farm.jobs import parse_jobs, unknown_classes, with_output_prefix
 from h3director.farm.ledger import Ledger
-from h3director.units import GiB
+from h3director.units import GiB, MiB
 
 WORKFLOW = {
     "1": {"class_type": "EmptyMiniMaxH3LatentAV", "inputs": {"width": 128, "height": 128, "length": 22}},
@@ -204,3 +204,17 @@ def test_ray_client_without_its_package_says_what_to_install(tmp_path):
         hidden = f"import sys; sys.modules['grpc'] = None; from h3director.cli import main; sys.exit(main({argv!r}))"
         done = subprocess.run([sys.executable, "-c", hidden], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "pip install 'ray[client]'" in done.stderr, done.stderr
+
+
+def test_a_decode_without_a_budget_input_has_only_the_stock_rung(folder):
+    """A stock VAEDecode takes no `budget_gb`: a cheaper decode rung would change nothing in the workflow
+    and only reserve less device memory than the decode needs (and an OOM retry would run it unchanged)."""
+    stock = {"1": WORKFLOW["1"], "2": WORKFLOW["2"],
+             "4": {"class_type": "VAEDecode", "inputs": {"samples": ["1", 0], "vae": ["2", 0]}}}
+    (folder / "stock.json").write_text(json.dumps(stock))
+    jobs, _ = parse_jobs(_lines({"id": "a", "workflow": "stock.json", "width": 512, "height": 512}), folder)
+    rungs = needs.ladder(jobs[0])
+    assert [r.settings["decode"] for r in rungs] == ["reference"]
+    small = needs.WorkerSpec("small", rungs[0].device_bytes - MiB, 64 * GiB)
+    with pytest.raises(BudgetError, match="no worker fits this job"):
+        needs.first_rung(rungs, [small])

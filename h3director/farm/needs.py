@@ -11,6 +11,7 @@ job's frames, width and height (H3's released model) and takes the largest:
 - decode only: the planner's decode paths (`plan.recommend.DECODE_TILES`: reference, then 4, 2, 1 tiles
   per call), keeping only rungs that need less than the one before; a rung's decode-phase device need
   (VAE weights + working set, GiB) goes to the ``budget_gb`` input of every decode node that has one.
+  Without such a node (a stock ``VAEDecode``) the ladder is the reference rung alone.
 
 A diffusers job (`jobs.Job.diffusers`) runs sampling and decode: its rungs are the DiT chunkings whose
 head chunks divide its transformer's heads (applied by the worker with `apply_memory_plan`).
@@ -126,6 +127,12 @@ def _has_audio(workflow: dict) -> bool:
     return any("Audio" in n["class_type"] or "audio_vae" in n.get("inputs", {}) for n in workflow.values())
 
 
+def _takes_decode_budget(workflow: dict) -> bool:
+    """Whether some decode node of `workflow` has a literal `budget_gb` input (where a rung's budget goes)."""
+    return any("Decode" in node["class_type"] and DECODE_BUDGET_INPUT in node.get("inputs", {})
+               and not isinstance(node["inputs"][DECODE_BUDGET_INPUT], list) for node in workflow.values())
+
+
 def _rung(index: int, request: PlanRequest, phases: list[str], settings: dict) -> Rung:
     plan = estimate(request)
     priced = [p for p in plan.phases if p.name in phases]
@@ -156,7 +163,10 @@ def ladder(job) -> list[Rung]:
             if not rungs or rung.device_bytes < rungs[-1].device_bytes:
                 rungs.append(rung)
         return rungs
-    for tiles in DECODE_TILES:
+    tiles_paths = DECODE_TILES
+    if not _takes_decode_budget(job.workflow):        # nothing applies a cheaper rung: price the stock decode only
+        tiles_paths = DECODE_TILES[:1]
+    for tiles in tiles_paths:
         request = PlanRequest(**{**base.__dict__, "decode_tiles_per_call": tiles})
         decode = next(p for p in estimate(request).phases if p.name == "decode")
         budget_gb = math.ceil(decode.device_bytes / GiB * 10_000) / 10_000
