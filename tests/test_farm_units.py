@@ -218,3 +218,19 @@ def test_a_decode_without_a_budget_input_has_only_the_stock_rung(folder):
     small = needs.WorkerSpec("small", rungs[0].device_bytes - MiB, 64 * GiB)
     with pytest.raises(BudgetError, match="no worker fits this job"):
         needs.first_rung(rungs, [small])
+
+
+def test_a_second_driver_on_the_same_ledger_is_refused(tmp_path):
+    """Two `farm run` on one --out: the second's `recover` would queue the first's running jobs again
+    (and run them twice); it is refused while the first holds the ledger."""
+    path = tmp_path / "farm.sqlite"
+    with Ledger(path) as first, Ledger(path) as second:
+        first.claim()
+        first.sync("a", 1, "h")
+        first.start_attempt("a", 0, {}, GiB, 1024)
+        with pytest.raises(InvalidInputError, match="another farm run"):
+            second.claim()
+        assert first.get("a").state == "running"
+    with Ledger(path) as third:                      # the first driver is gone: the ledger is free again
+        third.claim()
+        assert third.recover() == ["a"]

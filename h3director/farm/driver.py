@@ -291,6 +291,7 @@ def run_farm(jobs_path: str | Path, out_dir: str | Path, *, address: str | None,
     jobs, errors = read_jobs(jobs_path)
     ledger = Ledger(out_dir / LEDGER_NAME)
     try:
+        ledger.claim()
         recovered = ledger.recover()
         with Display(console, ledger) as display:
             if recovered:

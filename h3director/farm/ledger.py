@@ -8,8 +8,9 @@ start and end on the worker (the interval Ray held the resources), and how it en
 
 Invariants: a ``done`` job is never queued again (`sync` keeps it, `pending` skips it); a job left
 ``running`` by a driver that died is queued again by `recover`; every change is one transaction, so
-a killed driver leaves the file consistent. One driver writes at a time (WAL lets `farm status` read
-meanwhile).
+a killed driver leaves the file consistent. One driver writes at a time: `claim` takes an exclusive
+lock on ``<ledger>.lock`` (released when the driver's process ends, killed or not), and a second driver
+on the same file is refused (WAL lets `farm status` read meanwhile).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from h3director.errors import InvalidInputError
 
 STATES = ("queued", "running", "done", "failed", "refused")
 SCHEMA = """
@@ -59,14 +62,34 @@ class Ledger:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self._lock = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
 
+    def claim(self) -> None:
+        """Make this the only driver of the ledger until `close` (or this process's end). Raises
+        `InvalidInputError` when another driver holds it: its running jobs are not ours to recover."""
+        try:
+            import fcntl
+        except ImportError:         # no flock (Windows): one driver at a time is the user's to keep
+            return
+        lock = open(self.path.with_name(self.path.name + ".lock"), "a")  # noqa: SIM115 (held until close)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            raise InvalidInputError(f"another farm run is using {str(self.path)!r}; wait for it to end (see "
+                                    "`h3director farm status`) or give this run another --out") from None
+        self._lock = lock
+
     def close(self) -> None:
         self.db.close()
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     def __enter__(self) -> Ledger:
         return self
