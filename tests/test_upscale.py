@@ -267,3 +267,21 @@ def test_frame_that_fits_one_tile_ignores_an_overlap_wider_than_the_tile(conv_mo
     reference = _untiled(conv_model, torch.from_numpy(frames[1]).permute(2, 0, 1).float() / 255)
     expected = (reference.clamp(0, 1) * 255).round().permute(1, 2, 0).numpy().astype(int)
     assert np.abs(np.load(report.result)[1].astype(int) - expected).max() <= 1
+
+
+def test_resume_key_names_the_weights_not_only_the_architecture():
+    # a resumed .npy must not continue another model's partial output: same architecture, other weights
+    from h3director.video.upscale import job_key
+
+    source = ArraySource(np.zeros((2, 8, 8, 3), np.uint8), identity="same")
+
+    def seeded() -> UpscaleModel:
+        torch.manual_seed(7)
+        return _model(ConvUpscaler())
+
+    first, second = seeded(), seeded()
+    assert job_key(first, source, 32, 8, True) == job_key(second, source, 32, 8, True)
+    with torch.no_grad():
+        second.module.first.bias.add_(0.25)
+    assert first.name == second.name
+    assert job_key(first, source, 32, 8, True) != job_key(second, source, 32, 8, True)

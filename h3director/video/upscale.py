@@ -273,9 +273,16 @@ class TiledUpscaler:
 
 
 def job_key(model: UpscaleModel, source: FrameSource, tile: int, overlap: int, exact: bool) -> str:
-    """A short key naming the work, stored with a resumable `.npy` so a resume continues only the same job."""
-    text = f"{model.name}|{model.scale}|{source.identity}|{tile}|{overlap}|{exact}"
-    return "upscale:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    """A short key naming the work, stored with a resumable `.npy` so a resume continues only the same job.
+
+    It covers the model's weights (a SHA-256 of `module`'s parameters and buffers, when there is a module), so a
+    partial output is not continued with another model of the same architecture and scale."""
+    digest = hashlib.sha256(f"{model.name}|{model.scale}|{source.identity}|{tile}|{overlap}|{exact}".encode())
+    if model.module is not None:
+        for name, tensor in model.module.state_dict().items():
+            digest.update(f"|{name}:{tensor.dtype}:{list(tensor.shape)}|".encode())
+            digest.update(tensor.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+    return "upscale:" + digest.hexdigest()[:16]
 
 
 def prepare(model: UpscaleModel, source: FrameSource, tile: int, overlap: int | str) -> tuple[int, str, bool]:
