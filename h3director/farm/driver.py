@@ -9,7 +9,7 @@ accounted against its own capacity; on a cluster each node declares its device w
 ``ray start --resources '{"h3_accel_mb": MiB, "h3_host_mb": MiB}'``.
 
 Recovery: a job whose worker died (Ray raised for its task) is queued again at the same setting, up to
-`MAX_ATTEMPTS` tries; an out-of-memory failure is retried once on the next cheaper rung of
+`MAX_ATTEMPTS` tries in this run (tries of earlier runs, kept in the ledger, do not count); an out-of-memory failure is retried once on the next cheaper rung of
 `needs.ladder`, and after that reported with `h3director oom`'s diagnosis. Outputs come back through
 Ray's object store and are written under ``OUT/<job id>/`` with write-then-rename.
 """
@@ -159,8 +159,9 @@ class _Running:
     job: Job
     rungs: list
     rung: int
-    attempt: int
+    attempt: int               # the ledger's attempt number (counts every run's tries)
     oom_retried: bool = False
+    tries: int = 0             # tries in this run: MAX_ATTEMPTS bounds these
 
 
 def _diagnosis(error: str) -> str:
@@ -218,6 +219,7 @@ class Farm:
 
     def submit(self, item: _Running) -> None:
         rung = item.rungs[item.rung]
+        item.tries += 1
         item.attempt = self.ledger.start_attempt(item.job.id, rung.index, rung.settings, rung.device_bytes,
                                                  rung.device_mb)
         workflow = needs.apply_rung(rung, item.job.workflow)
@@ -236,9 +238,9 @@ class Farm:
         except ray.exceptions.RayError as error:
             reason = f"worker lost: {type(error).__name__}"
             self.ledger.end_attempt(job_id, item.attempt, "worker lost", error=str(error)[:2000])
-            if item.attempt >= MAX_ATTEMPTS:
-                self.ledger.fail(job_id, f"{reason}, {item.attempt} attempts")
-                self.display.event(f"[failed] {job_id}: {reason} ({item.attempt} attempts)")
+            if item.tries >= MAX_ATTEMPTS:
+                self.ledger.fail(job_id, f"{reason}, {item.tries} attempts")
+                self.display.event(f"[failed] {job_id}: {reason} ({item.tries} attempts)")
                 return
             self.ledger.requeue(job_id, reason)
             self.display.event(f"[requeued] {job_id}: {reason}")
@@ -247,7 +249,15 @@ class Farm:
         where = {"worker": result["worker"], "node_id": result["node_id"], "started_at": result["held_from"],
                  "ended_at": result["held_to"]}
         if result["status"] == "done":
-            output = _write_outputs(self.out_dir, job_id, result["files"])
+            try:
+                output = _write_outputs(self.out_dir, job_id, result["files"])
+            except OSError as error:      # this job fails; the driver (and every other job) goes on
+                message = f"cannot write the outputs to {str(self.out_dir / job_id)!r}: {error.strerror or error}"
+                self.ledger.end_attempt(job_id, item.attempt, "error", error=message, **where)
+                self.ledger.fail(job_id, message, worker=result["worker"], device=result["device"],
+                                 started_at=result["held_from"], finished_at=result["held_to"])
+                self.display.event(f"[failed] {job_id}: {message}")
+                return
             self.ledger.finish(job_id, item.attempt, worker=result["worker"], node_id=result["node_id"],
                                device=result["device"], measured_peak_bytes=result["peak_bytes"],
                                started_at=result["held_from"], finished_at=result["held_to"], output=output)

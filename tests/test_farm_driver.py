@@ -1,0 +1,104 @@
+"""The farm driver's handling of one job's result (`Farm.handle`) against a real in-process Ray (one CPU,
+no device nodes: the resubmitted job tasks stay pending, which is all these checks need), with the real
+ledger and display. The results come from real Ray tasks: one that raises (a lost worker, as the driver
+sees it) and one that returns a worker's "done" result."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+ray = pytest.importorskip("ray")
+rich_console = pytest.importorskip("rich.console")
+
+from h3director.farm import needs  # noqa: E402
+from h3director.farm.driver import MAX_ATTEMPTS, Farm, Session, _Running  # noqa: E402
+from h3director.farm.jobs import parse_jobs  # noqa: E402
+from h3director.farm.ledger import Ledger  # noqa: E402
+from h3director.farm.progress import Display  # noqa: E402
+
+WORKFLOW = {
+    "1": {"class_type": "EmptyMiniMaxH3LatentAV", "inputs": {"width": 128, "height": 128, "length": 22}},
+    "2": {"class_type": "VAELoader", "inputs": {"vae_name": "v.safetensors"}},
+    "4": {"class_type": "H3DirectorDecodeAVStreaming", "inputs": {
+        "samples": ["1", 0], "vae": ["2", 0], "filename_prefix": "video/x", "budget_gb": 0.0}},
+}
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _lost() -> dict:
+    raise RuntimeError("the worker's process died")
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _done() -> dict:
+    return {"status": "done", "files": {"h3farm/x/x_00001_.mp4": b"video"}, "peak_bytes": 1, "worker": "w0",
+            "device": "cpu", "node_id": "n", "held_from": 1.0, "held_to": 2.0, "seconds": 1.0, "error": None}
+
+
+def _farm(tmp_path, ledger: Ledger) -> Farm:
+    console = rich_console.Console(file=io.StringIO(), force_terminal=False)
+    return Farm(Session(), ledger, tmp_path / "out", Display(console, ledger))
+
+
+def _item(tmp_path, job_id: str, ledger: Ledger) -> _Running:
+    (tmp_path / "wf.json").write_text(json.dumps(WORKFLOW))
+    jobs, errors = parse_jobs(json.dumps({"id": job_id, "workflow": "wf.json"}), tmp_path)
+    assert not errors
+    ledger.sync(job_id, 1, jobs[0].spec_hash)
+    return _Running(jobs[0], needs.ladder(jobs[0]), 0, 0)
+
+
+def _lose(farm: Farm, item: _Running) -> None:
+    """The job's pending task is replaced by one whose worker is lost; the driver handles it."""
+    for ref in list(farm.pending):
+        ray.cancel(ref, force=True)
+    farm.pending.clear()
+    ref = _lost.remote()
+    farm.pending[ref] = item
+    farm.handle(ref)
+
+
+def test_a_job_rerun_after_an_earlier_failure_still_gets_its_worker_loss_retries(tmp_path, local_ray):
+    """A job that failed in an earlier run (its attempts used up there) is queued again by this run; a
+    worker lost under it now is its first loss in this run: it is queued again, not failed at once, and
+    fails after MAX_ATTEMPTS tries in this run."""
+    with Ledger(tmp_path / "farm.sqlite") as ledger:
+        item = _item(tmp_path, "a", ledger)
+        for _ in range(MAX_ATTEMPTS):                        # an earlier run: every attempt lost, then failed
+            ledger.start_attempt("a", 0, {}, 1, 1)
+        ledger.fail("a", f"worker lost: RayTaskError, {MAX_ATTEMPTS} attempts")
+        ledger.sync("a", 1, item.job.spec_hash)              # this run queues it again
+        farm = _farm(tmp_path, ledger)
+        farm.submit(item)                                    # pending forever: no node declares the device
+        states = []
+        for _ in range(MAX_ATTEMPTS):
+            _lose(farm, item)
+            states.append(ledger.get("a").state)
+        assert states == ["running"] * (MAX_ATTEMPTS - 1) + ["failed"], states
+        assert f"{MAX_ATTEMPTS} attempts" in ledger.get("a").error
+        assert not farm.pending
+
+
+def test_outputs_that_cannot_be_written_fail_that_job_and_the_run_goes_on(tmp_path, local_ray):
+    """A job whose output folder cannot be made (here its id names the ledger file) fails with the
+    reason; the driver does not raise (its other jobs would be left running)."""
+    with Ledger(tmp_path / "out" / "farm.sqlite") as ledger:
+        item = _item(tmp_path, "farm.sqlite", ledger)
+        farm = _farm(tmp_path, ledger)
+        item.attempt = ledger.start_attempt("farm.sqlite", 0, {}, 1, 1)
+        ref = _done.remote()
+        farm.pending[ref] = item
+        farm.handle(ref)
+        row = ledger.get("farm.sqlite")
+        assert row.state == "failed" and "cannot write the outputs" in row.error
+        assert (tmp_path / "out" / "farm.sqlite").is_file()
