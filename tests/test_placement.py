@@ -168,3 +168,30 @@ def test_plan_without_devices_is_unchanged(capsys):
     assert main(["plan", "--width", "1344", "--height", "768", "--frames", "124", "--vram", "24GB", "--ram",
                  "64GB", "--json"]) == 0
     assert "placement" not in json.loads(capsys.readouterr().out)
+
+
+def test_parse_devices_reads_the_index_as_a_number():
+    """'cuda:00' is cuda:0: written twice it is refused, and the name is the one torch and the appliers use."""
+    with pytest.raises(InvalidInputError, match="given twice"):
+        parse_devices("cuda:0=24GB,cuda:00=12GB")
+    assert parse_devices("cuda:01=24GB") == (DeviceSpec("cuda:1", 24 * GiB),)
+    assert parse_placement("dit=cuda:01,vae=CUDA:002") == {"dit": "cuda:1", "video_vae": "cuda:2"}
+
+
+def test_placement_policy_without_devices_is_refused(capsys):
+    """--placement-policy only acts with --devices; with --vram it would be ignored without a word."""
+    base = ["plan", "--width", "1344", "--height", "768", "--frames", "124", "--vram", "24GB", "--ram", "64GB"]
+    assert main(base + ["--placement-policy", "phased"]) == 2
+    assert "--placement-policy" in capsys.readouterr().err
+    assert main(base) == 0
+
+
+def test_resident_host_ram_holds_the_offloaded_blocks_in_every_phase():
+    """Resident: the DiT is loaded once, so its offloaded blocks sit in host RAM from the text encoding on."""
+    placement = place(REQUEST, parse_devices("cuda:0=24GB,cuda:1=12GB"), host_bytes=64 * GiB, policy="resident")
+    chosen = placement.request
+    assert chosen.offload_blocks > 0
+    offloaded = (_phase(estimate(chosen), "sampling").host_bytes
+                 - _phase(estimate(dataclasses.replace(chosen, offload_blocks=0)), "sampling").host_bytes)
+    te_host = _phase(estimate(chosen), "text_encoding").host_bytes
+    assert placement.host_phase_bytes["text_encoding"] == te_host + offloaded

@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices", default=None,
                         help="place the components on several devices, e.g. cuda:0=24GB,cuda:1=12GB, or 'auto' "
                              "(every CUDA device's free memory); replaces --vram/--device; host RAM from --ram")
-    parser.add_argument("--placement-policy", default="auto", choices=("auto", "resident", "phased"),
+    parser.add_argument("--placement-policy", default=None, choices=("auto", "resident", "phased"),
                         help="with --devices: components stay loaded (resident), are loaded per phase (phased), "
                              "or the better of both (auto, default)")
     parser.add_argument("--json", action="store_true", help="print JSON for machines")
@@ -89,6 +89,10 @@ def run(args: argparse.Namespace) -> int:
     request.validate()
     if args.devices is not None:
         return _run_devices(args, request)
+    if args.placement_policy is not None:
+        from h3director.errors import InvalidInputError
+
+        raise InvalidInputError("--placement-policy places components across devices: give it with --devices")
     budget, source = _budget(args)
     if budget.device == "cpu":       # no accelerator: the text encoder runs on the CPU, RMSNorm unfused
         request = dataclasses.replace(request, text_encoder_device="cpu", fused_norms=False)
@@ -157,7 +161,7 @@ def _run_devices(args: argparse.Namespace, request) -> int:
         host = int(psutil.virtual_memory().available)
         source = f"given: {args.devices}; host RAM {host / 2**30:.1f} GiB available"
     placement = place(request, devices, host_bytes=host, margin=args.margin,
-                      formats=[args.weights] if args.weights else None, policy=args.placement_policy)
+                      formats=[args.weights] if args.weights else None, policy=args.placement_policy or "auto")
     if args.json:
         out = estimate(request).to_dict()
         out["budget"] = {"source": source, "devices": {d.name: d.capacity_bytes for d in devices},

@@ -107,7 +107,7 @@ def parse_devices(text: str) -> tuple[DeviceSpec, ...]:
         if "=" not in entry:
             raise InvalidInputError(f"device entry {entry!r} has no size: write DEVICE=SIZE, e.g. cuda:0=24GB")
         name, size = (part.strip() for part in entry.split("=", 1))
-        name = name.lower()
+        name = _canonical_device(name.lower())
         if not _CUDA_RE.match(name):
             hint = " (the host is not a device here: give host RAM with --ram)" if name == HOST else \
                 " (write the index, e.g. cuda:0)" if name == "cuda" else ""
@@ -145,6 +145,7 @@ def parse_placement(text: str) -> dict[str, str]:
             raise InvalidInputError(f"placement entry {entry!r} is not COMPONENT=DEVICE "
                                     "(e.g. dit=cuda:0)")
         key, device = (part.strip().lower() for part in entry.split("=", 1))
+        device = _canonical_device(device)
         component = ALIASES.get(key, key)
         if component not in COMPONENTS:
             raise InvalidInputError(f"unknown component {key!r} in {entry!r}: use one of "
@@ -155,6 +156,12 @@ def parse_placement(text: str) -> dict[str, str]:
             raise InvalidInputError(f"component {component} is placed twice in {text!r}")
         placement[component] = device
     return placement
+
+
+def _canonical_device(name: str) -> str:
+    """"cuda:N" with N read as a number ("cuda:01" is "cuda:1", the name torch and the appliers use)."""
+    match = _CUDA_RE.match(name)
+    return f"cuda:{int(match.group(1))}" if match else name
 
 
 @dataclass(frozen=True)
@@ -293,20 +300,21 @@ class _Needs:
     audio: ComponentNeed | None
     decode_combined: tuple[int, int]           # (weights, working) of both VAEs on one device
     host: dict[str, int]                        # per phase, as the single-device estimate counts it
+    dit_offloaded: int = 0                      # the DiT's offloaded blocks, in host RAM while it is loaded
 
 
 def _needs(request: PlanRequest, assignment: Mapping[str, str]) -> _Needs:
     plan = estimate(request)
     te, sampling, decode = (_phase(plan, p) for p in PHASES)
     video = _phase(estimate(dataclasses.replace(request, audio=False)), "decode")
+    # the estimator's own (cached) per-clip working set; the rest of the video decode's working set is the latents
+    clip = clip_working_set(model_config_key(request.vae_config), request.height, request.width,
+                             request.decode_tiles_per_call, request.vae_dtype)
+    latents = video.working_bytes - clip
     audio = None
     if request.audio:
         geo = packed_geometry(request.width, request.height, request.frames, text_tokens=request.text_tokens,
                               refs=request.refs, keyframes=request.keyframes)
-        # the estimator's own (cached) per-clip and audio working sets
-        clip = clip_working_set(model_config_key(request.vae_config), request.height, request.width,
-                                 request.decode_tiles_per_call, request.vae_dtype)
-        latents = video.working_bytes - clip
         audio = ComponentNeed("audio_vae", assignment["audio_vae"], decode.weights_bytes - video.weights_bytes,
                               audio_working_set(model_config_key(request.audio_config), geo.audio_latents) + latents,
                               "audio VAE fp32 (decoder and latents)")
@@ -322,6 +330,7 @@ def _needs(request: PlanRequest, assignment: Mapping[str, str]) -> _Needs:
         audio=audio,
         decode_combined=(decode.weights_bytes, decode.working_bytes),
         host={p.name: p.host_bytes for p in plan.phases},
+        dit_offloaded=sampling.host_bytes - latents,    # the sampling phase's host bytes: offloaded blocks + latents
     )
 
 
@@ -349,6 +358,8 @@ def _device_bytes(needs: _Needs, policy: str, devices: Sequence[str]) -> dict[st
 
 def _host_bytes(needs: _Needs, policy: str) -> dict[str, int]:
     host = dict(needs.host)
+    if policy == "resident":        # the DiT is loaded before the text encoding: its offloaded blocks are in host RAM
+        host["text_encoding"] += needs.dit_offloaded
     if policy == "resident" and needs.te.device == HOST:     # the encoder stays in host RAM after its phase
         for phase in ("sampling", "decode"):
             host[phase] += needs.te_host
