@@ -38,16 +38,49 @@ def test_every_n_includes_the_first_and_last_frame(count, n, expected):
 
 
 def test_scene_score_follows_its_definition():
-    # gray 0.2 for frames 0-4, 0.8 from frame 5: mafd = 0 except 0.6 at the cut, so score[5] = min(0.6, 0.6)
+    # gray 0.2 for frames 0-4, 0.4 from frame 5: mafd = 0 except 0.2 at the cut, so score[5] = 2.19 * min(0.2, 0.2)
     frames = np.full((9, 8, 8, 3), 0.2, np.float32)
-    frames[5:] = 0.8
+    frames[5:] = 0.4
     scores = keyframes.scene_scores(frames)
-    assert scores[5] == pytest.approx(0.6, abs=1e-6)
+    assert scores[5] == pytest.approx(0.438, abs=1e-6)
     assert np.count_nonzero(scores) == 1
-    # steady change (mafd 0.1 at every step) scores 0.1 once, then 0: it is not a cut
+    frames[5:] = 0.8                                         # 2.19 * 0.6 is clipped to 1
+    assert keyframes.scene_scores(frames)[5] == 1.0
+    # steady change (mafd 0.1 at every step) scores 0.219 once, then 0: it is not a cut
     ramp = np.stack([np.full((8, 8, 3), 0.1 * t, np.float32) for t in range(8)])
     scores = keyframes.scene_scores(ramp)
-    assert scores[1] == pytest.approx(0.1, abs=1e-6) and np.all(scores[2:] < 1e-6)
+    assert scores[1] == pytest.approx(0.219, abs=1e-6) and np.all(scores[2:] < 1e-6)
+
+
+def _ffmpeg_scene_scores(frames_u8: np.ndarray) -> np.ndarray:
+    """ffmpeg's own scene score (select filter, ``lavfi.scene_score``) of RGB frames converted to yuv420p."""
+    import fractions
+
+    import av
+
+    graph = av.filter.Graph()
+    source = graph.add_buffer(width=frames_u8.shape[2], height=frames_u8.shape[1], format="yuv420p",
+                              time_base=fractions.Fraction(1, 24))
+    select, sink = graph.add("select", "gte(scene\\,0)"), graph.add("buffersink")
+    source.link_to(select)
+    select.link_to(sink)
+    graph.configure()
+    scores = []
+    for index, frame in enumerate(frames_u8):
+        video = av.VideoFrame.from_ndarray(frame, format="rgb24").reformat(format="yuv420p")
+        video.pts = index
+        graph.push(video)
+        scores.append(float(graph.pull().metadata["lavfi.scene_score"]))
+    return np.array(scores)
+
+
+def test_scene_score_is_on_ffmpeg_select_scale(moving):
+    # the same numbers as ffmpeg's select=gt(scene,T) on the same frames, so its thresholds (0.4) mean the same
+    originals, _ = moving
+    frames = np.rint(originals * 255).astype(np.uint8)
+    ours, theirs = keyframes.scene_scores(frames), _ffmpeg_scene_scores(frames)
+    assert theirs[14] > 0.8
+    assert np.abs(ours - theirs).max() < 0.002               # 0.00017 here
 
 
 def test_scene_mode_finds_the_cut_and_brackets_it(moving):

@@ -25,8 +25,8 @@ class KeyframeSelect(io.ComfyNode):
             category="H3 Director/frames",
             description="Picks keyframes for keyframe-only detailing; the first and last frame are always in. "
                         "every_n: every n-th frame (a clip shorter than n is refused). scene: both sides of each "
-                        "cut, where the scene score (min of the mean luma change and its change from the previous "
-                        "pair, in [0, 1], as ffmpeg's select=gt(scene,T)) exceeds threshold. every_n+scene: both. motion: peaks of the "
+                        "cut, where the scene score (ffmpeg's select=gt(scene,T) score: min of the mean luma change and "
+                        "its change from the previous pair, on ffmpeg's scale, in [0, 1]) exceeds threshold. every_n+scene: both. motion: peaks of the "
                         "mean optical-flow magnitude, at least min_spacing frames apart. Outputs the keyframes as "
                         "a batch and their indices (JSON list text) for H3Director Keyframe Merge.",
             inputs=[
