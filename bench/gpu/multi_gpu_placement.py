@@ -13,8 +13,9 @@
 3. Per device: `torch.cuda.max_memory_allocated` over the run vs the plan's predicted peak (sampling and
    decode, without the text encoder); the video VAE's encoder weights, which diffusers keeps loaded but the
    plan does not count, are reported beside it.
-4. If the whole render fits the first device alone (the planner says so), run it there too and compare the
-   videos and audio with `torch.equal` (exact by construction: only placement differs).
+4. If the whole render fits the first device alone (the planner says so) with no DiT block offloaded and the
+   same DiT chunking, run it there too and compare the videos and audio with `torch.equal` (exact by
+   construction: only placement differs); otherwise the JSON says why it was not run.
 
 With fewer than 2 CUDA devices it exits 2 with a message; `--plan-only` prints the placement and exits (runs
 anywhere). JSON goes to --out, else $OUT/multi_gpu_placement.json, else ./multi_gpu_placement.json.
@@ -24,6 +25,7 @@ Not run yet: no multi-GPU machine was available when it was written.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -106,11 +108,33 @@ def generate(pipe, args, device) -> dict:
     return {k: v.cpu() for k, v in out.items() if v is not None}
 
 
+def one_device_plan(args, placement, device: DeviceSpec):
+    """(plan, None) for the whole render on `device` alone, or (None, why it is not run): it must fit, offload
+    no DiT block (this script runs none) and chunk the DiT as `placement` does (so that only where the
+    tensors live differs between the two runs compared with torch.equal)."""
+    try:
+        single = plan(args, [device])
+    except H3DirectorError as error:
+        return None, f"not run: {error}"
+    if single.request.offload_blocks:
+        return None, (f"not run: on {device.name} alone the plan offloads {single.request.offload_blocks} DiT "
+                      "blocks, which this script does not run")
+    chunks = (single.request.head_chunks, single.request.ffn_chunks)
+    if chunks != (placement.request.head_chunks, placement.request.ffn_chunks):
+        return None, (f"not run: on {device.name} alone the plan chunks the DiT {chunks[0]} head / {chunks[1]} FFN, "
+                      f"the placement {placement.request.head_chunks} / {placement.request.ffn_chunks}")
+    return single, None
+
+
 def measure(args, placement, names: list[str]) -> dict:
     import torch
 
     from h3director.integrations.diffusers_placement import apply_placement
 
+    # A previous run's pipeline is garbage in reference cycles (the placement hooks hold their modules), which
+    # `del` does not free: collect it so its tensors are neither counted here nor in the way.
+    gc.collect()
+    torch.cuda.empty_cache()
     pipe = build_pipeline(args)
     encoder_bytes = sum(p.numel() * p.element_size() for p in pipe.vae.encoder.parameters())
     apply_placement(pipe, placement)
@@ -182,10 +206,9 @@ def main(argv=None) -> int:
         names = [d.name for d in devices]
         multi = measure(args, placement, names)
         summary["multi_device"] = {k: v for k, v in multi.items() if k != "result"}
-        try:
-            single = plan(args, [devices[0]])
-        except H3DirectorError as error:
-            summary["single_device"] = f"not run: {error}"
+        single, why = one_device_plan(args, placement, devices[0])
+        if single is None:
+            summary["single_device"] = why
         else:
             one = measure(args, single, [devices[0].name])
             summary["single_device"] = {k: v for k, v in one.items() if k != "result"}
