@@ -8,7 +8,8 @@ starts). Jobs are Ray tasks (`run_job`) that ask for the job's predicted MiB of 
 starts one only on a node with that much unclaimed, and holds it until the task ends, so the
 predictions of the jobs on a device never add up to more than its capacity. The task calls its node's
 worker, which runs one prompt at a time on its server, and one diffusers job at a time in its own
-process (the last pipeline folder it loaded stays loaded for the next job).
+process (the last pipeline folder it loaded stays loaded for the next job). A server that died (the job
+it ran fails its task, and is queued again) is started again at the worker's next ComfyUI job.
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ class FarmWorker:
         from h3director.farm.jobs import with_output_prefix
 
         with self._one_at_a_time:
+            if not self.server.alive():     # died between jobs (e.g. the kernel's OOM killer): a new one
+                self.server.start()
             result = self.server.run(with_output_prefix(workflow, job_id))
         return {**asdict(result), "worker": self.name, "device": self.device, "node_id": self.node_id}
 

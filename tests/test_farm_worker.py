@@ -1,0 +1,42 @@
+"""The farm worker (`FarmWorker`, as a plain object in this process under a real in-process Ray) with its
+real ComfyUI server (the vendored snapshot, tiny H3 VAEs, --cpu): a server that died between jobs (the
+kernel's OOM killer picks the process holding the models: the server, not the worker) is started again
+for the next job instead of failing every job Ray places on that device."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import asdict
+
+import pytest
+from comfy_harness.vendored import why_unavailable
+
+ray = pytest.importorskip("ray")
+COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
+pytestmark = [pytest.mark.comfyui, pytest.mark.slow, pytest.mark.skipif(not COMFYUI_DIR, reason=why_unavailable())]
+
+
+def test_a_server_that_died_is_started_again_for_the_next_job(tmp_path):
+    from comfy_harness.farm_base import DECODE_WORKFLOW, prepare_farm_base
+
+    from h3director.farm.worker import FarmWorker, ServerConfig
+
+    prepare_farm_base(tmp_path / "base")
+    config = ServerConfig(python=os.environ.get("COMFYUI_PYTHON", sys.executable), comfyui_dir=COMFYUI_DIR,
+                          base_dir=str(tmp_path / "base"), cpu=True, work_root=str(tmp_path))
+    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    worker = None
+    try:
+        worker = FarmWorker("w0", asdict(config))
+        first = worker.server.process
+        first.kill()                                    # as the kernel's OOM killer would
+        first.wait()
+        result = worker.run("after-the-crash", DECODE_WORKFLOW)
+        assert result["status"] == "done", result["error"]
+        assert [name.split("/")[-1] for name in result["files"]] == ["decode_00001_.mp4"]
+        assert worker.server.alive() and worker.server.process.pid != first.pid
+    finally:
+        if worker is not None:
+            worker._shutdown(worker.work)
+        ray.shutdown()
