@@ -245,6 +245,18 @@ def test_mismatched_keyframes_are_refused_before_any_output(moving):
         detail_carry.merge_into(np.zeros((24, 32, 48, 3), np.float32), originals, truth[:2], (0, 23))
 
 
+
+def test_keyframes_of_another_aspect_ratio_are_refused(moving):
+    # 64x96 originals: a detailer that returns square (cropped) or transposed frames would be stretched, not merged
+    originals, truth = moving
+    for height, width in ((64, 64), (96, 64), (128, 160)):
+        detailed = np.zeros((2, height, width, 3), np.float32)
+        with pytest.raises(InvalidInputError, match="aspect ratio"):
+            detail_carry.carry_detail(originals, detailed, (0, 23))
+    for height, width in ((128, 192), (32, 48), (43, 64)):    # one factor for both sides, up to rounding
+        assert detail_carry.output_shape(originals, np.zeros((2, height, width, 3), np.float32), (0, 23)) == (
+            24, height, width, 3)
+
 def test_bad_selection_parameters_are_refused(moving):
     originals, _ = moving
     with pytest.raises(InvalidInputError, match="at least n=30 frames, got 24"):

@@ -61,7 +61,7 @@ class KeyframeMerge(io.ComfyNode):
                         "detailed frame itself; between two keyframes the original plus both keyframes' detail "
                         "(detailed - original), weighted linearly in time and, with flow_warp, moved along the "
                         "motion (Farneback optical flow); clipped to [0, 1]. Detailed keyframes may be larger "
-                        "(an upscaler) if all share one size: the originals are resized to it.",
+                        "(an upscaler) if all share one size of the frames' aspect ratio: the originals are resized to it.",
             inputs=[
                 io.Image.Input("images", tooltip="the original frames"),
                 io.Image.Input("detailed_keyframes", tooltip="the detailer's output for Keyframe Select's batch"),

@@ -17,8 +17,9 @@ R_k there; samples from outside frame k count as no detail). The flow is measure
 their own size and scaled to H' x W'.
 
 Sizes: the keyframes may be larger or smaller than the originals (an upscaling detailer) when all
-have the same size; the originals are then resized to that size (OpenCV, bicubic when enlarging,
-area when shrinking) before the residual is taken and added. Channels must match.
+have the same size and it is the originals' at one scale for both sides (within rounding to whole
+pixels or 2%, `check_aspect`); the originals are then resized to that size (OpenCV, bicubic when
+enlarging, area when shrinking) before the residual is taken and added. Channels must match.
 
 Memory: `carry_detail` yields frames in order and holds the two neighbouring keyframes' residuals and
 gray images, one original frame and (with `flow_warp`) two flow fields; `merge_into` writes into one
@@ -63,7 +64,26 @@ def plan_carry(frames, detailed, indices: Sequence[int]) -> CarryPlan:
                                 "the detailer must return one frame per keyframe, in order")
     if shape[-1] != frames.shape[-1]:
         raise InvalidInputError(f"detailed keyframes have {shape[-1]} channels, the frames {frames.shape[-1]}")
+    check_aspect((int(frames.shape[1]), int(frames.shape[2])), (shape[1], shape[2]))
     return CarryPlan(count, (int(frames.shape[1]), int(frames.shape[2])), (shape[1], shape[2]), shape[-1], index)
+
+
+ASPECT_TOLERANCE = 0.02
+"""Largest relative difference between the vertical and horizontal scale of detailed keyframes vs the originals
+(beyond rounding each side to whole pixels), e.g. a detailer that rounds sizes to multiples of 8."""
+
+
+def check_aspect(source: tuple[int, int], size: tuple[int, int]) -> None:
+    """Refuse keyframes `size` (H', W') that are not the originals `source` (H, W) at one scale for both sides: a
+    detailer that crops or changes the aspect ratio cannot be merged by resizing the originals."""
+    (height, width), (out_height, out_width) = source, size
+    rounding = (height + width) / 2                          # |H' W - W' H| when each side is rounded to a pixel
+    skew = abs(out_height * width - out_width * height)
+    if skew > max(rounding, ASPECT_TOLERANCE * max(out_height * width, out_width * height)):
+        raise InvalidInputError(
+            f"detailed keyframes are {out_width}x{out_height}, the frames {width}x{height}: a different aspect ratio "
+            f"(x {out_width / width:.3f} wide, x {out_height / height:.3f} high); the detailer must return whole "
+            "frames at one scale (no crop)")
 
 
 def carry_detail(frames, detailed, indices: Sequence[int], *, flow_warp: bool = False) -> Iterator[np.ndarray]:
