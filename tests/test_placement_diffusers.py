@@ -118,3 +118,21 @@ def test_a_phased_plan_is_refused():
                    policy="phased")
     with pytest.raises(InvalidInputError, match="keeps its components loaded"):
         apply_placement(object(), phased)
+
+
+def test_hooks_placement_did_not_add_are_neither_replaced_nor_removed():
+    """A component that already carries an accelerate hook (CPU offload, a device map) is refused before anything
+    moves; remove_placement takes off only its own hooks; applying a placement twice works."""
+    from accelerate.hooks import ModelHook, add_hook_to_module
+
+    pipe = tiny_pipeline(with_text_encoder=False)
+    foreign = ModelHook()
+    add_hook_to_module(pipe.vae, foreign)
+    with pytest.raises(InvalidInputError, match="already carries"):
+        apply_placement(pipe, "dit=cpu,vae=cpu")
+    assert pipe.vae._hf_hook is foreign and not hasattr(pipe.transformer, "_hf_hook")
+    assert apply_placement(pipe, "dit=cpu") == {"dit": "cpu"}
+    assert apply_placement(pipe, "dit=cpu") == {"dit": "cpu"}          # its own hook is replaced
+    remove_placement(pipe)
+    assert not hasattr(pipe.transformer, "_hf_hook")
+    assert pipe.vae._hf_hook is foreign

@@ -38,6 +38,7 @@ PIPELINE_ATTRIBUTES = {"dit": ("transformer", "transformer_ref"), "text_encoder"
                        "video_vae": ("vae",), "audio_vae": ("audio_vae",)}
 ALIGNED_METHODS = ("encode", "decode")
 _ORIGINAL = "_h3director_original"
+_OURS = "_h3director_placement"         # set on the hooks apply_placement adds
 
 
 def _wanted(placement) -> dict[str, str]:
@@ -105,11 +106,18 @@ def apply_placement(pipe, placement) -> dict[str, str]:
 
     Returns {component: device} for what was placed and "absent" for components the pipeline has not loaded.
     Raises `InvalidInputError` before anything moves: a malformed placement, a device this machine does not have,
-    a phased `Placement`."""
+    a phased `Placement`, a component carrying an accelerate hook this module did not add."""
     from accelerate.hooks import AlignDevicesHook, add_hook_to_module
 
     wanted = _wanted(placement)
     devices = {component: resolve_device(name) for component, name in wanted.items()}
+    for component in devices:
+        name, module = _component(pipe, component)
+        hook = None if module is None else getattr(_forward_target(component, module), "_hf_hook", None)
+        if hook is not None and not getattr(hook, _OURS, False):
+            raise InvalidInputError(
+                f"{name} already carries an accelerate hook ({type(hook).__name__}: CPU offload, a device map or "
+                "another placement) that this placement would replace; load it without one to place it")
     done: dict[str, str] = {}
     for component in COMPONENTS:
         if component not in devices:
@@ -120,8 +128,9 @@ def apply_placement(pipe, placement) -> dict[str, str]:
             continue
         device = devices[component]
         module.to(device)
-        add_hook_to_module(_forward_target(component, module),
-                           AlignDevicesHook(execution_device=device, io_same_device=True))
+        hook = AlignDevicesHook(execution_device=device, io_same_device=True)
+        setattr(hook, _OURS, True)
+        add_hook_to_module(_forward_target(component, module), hook)
         if component in ("video_vae", "audio_vae"):
             for name in ALIGNED_METHODS:
                 if hasattr(module, name):
@@ -131,14 +140,17 @@ def apply_placement(pipe, placement) -> dict[str, str]:
 
 
 def remove_placement(pipe) -> None:
-    """Take `apply_placement`'s hooks and method wrappers off `pipe`'s components (they stay on their devices)."""
+    """Take `apply_placement`'s hooks and method wrappers off `pipe`'s components (they stay on their devices);
+    hooks it did not add are left in place."""
     from accelerate.hooks import remove_hook_from_module
 
     for component in COMPONENTS:
         _, module = _component(pipe, component)
         if module is None:
             continue
-        remove_hook_from_module(_forward_target(component, module))
+        target = _forward_target(component, module)
+        if getattr(getattr(target, "_hf_hook", None), _OURS, False):
+            remove_hook_from_module(target)
         for name in ALIGNED_METHODS:
             if hasattr(module.__dict__.get(name), _ORIGINAL):
                 del module.__dict__[name]
