@@ -285,3 +285,17 @@ def test_resume_key_names_the_weights_not_only_the_architecture():
         second.module.first.bias.add_(0.25)
     assert first.name == second.name
     assert job_key(first, source, 32, 8, True) != job_key(second, source, 32, 8, True)
+
+
+@pytest.mark.parametrize("alignment", [1, 2, 4])
+def test_regions_never_exceed_the_tile(alignment):
+    # every region <= tile on each side, cores aligned and covering each row once, whatever the length
+    for tile in (4 * alignment, 5 * alignment + 1, 40):
+        for overlap in range(0, tile // 2 - alignment + 1, alignment):
+            for length in range(tile + 1, 6 * tile):
+                plan = plan_tiles(length, 1, tile, overlap, alignment)
+                cores = [t.core[:2] for t in plan]
+                assert cores[0][0] == 0 and cores[-1][1] == length
+                assert all(a[1] == b[0] for a, b in zip(cores[:-1], cores[1:], strict=True))
+                assert all(t.core[0] % alignment == 0 for t in plan)
+                assert max(t.region_size[0] for t in plan) <= tile, (tile, overlap, length, plan)

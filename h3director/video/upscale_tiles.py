@@ -68,15 +68,14 @@ def check_tiling(tile: int, overlap: int, alignment: int = 1) -> int:
 
 
 def _cuts(length: int, core: int, alignment: int) -> list[int]:
-    """Boundaries ``0 = c0 < c1 < ... = length`` of cores at most `core` long, on multiples of `alignment`."""
-    count = max(1, math.ceil(length / core))
-    cuts = [0]
-    for index in range(1, count):
-        cut = round(index * length / count / alignment) * alignment
-        if cuts[-1] < cut < length:
-            cuts.append(cut)
-    cuts.append(length)
-    return cuts
+    """Boundaries ``0 = c0 < c1 < ... = length`` of cores at most `core` long, on multiples of `alignment`.
+
+    Cut in whole aligned steps (the last, partial step counts as one): `count` cores of about equal numbers of steps,
+    none more than ``core // alignment`` steps."""
+    steps, per_core = math.ceil(length / alignment), core // alignment
+    count = max(1, math.ceil(steps / per_core))
+    cuts = [(2 * index * steps + count) // (2 * count) * alignment for index in range(count)]  # round half up
+    return cuts + [length]
 
 
 def _axis(length: int, core: int, overlap: int, alignment: int, tile: int) -> list[tuple[int, int, int, int]]:
