@@ -136,3 +136,19 @@ def test_hooks_placement_did_not_add_are_neither_replaced_nor_removed():
     remove_placement(pipe)
     assert not hasattr(pipe.transformer, "_hf_hook")
     assert pipe.vae._hf_hook is foreign
+
+
+def test_a_plan_that_offloads_dit_blocks_says_how_to_apply_it_in_diffusers():
+    """apply_placement moves the whole transformer; with blocks offloaded that is more than the plan priced. The
+    placement says to enable group offload first, and apply_placement then leaves the DiT where group offload
+    keeps it (same output)."""
+    placement = place(PlanRequest(1344, 768, 124), parse_devices("cuda:0=24GB,cuda:1=12GB"), host_bytes=64 * 2**30,
+                      policy="resident")
+    assert placement.request.offload_blocks > 0
+    assert any("enable_group_offload" in note and "before apply_placement" in note for note in placement.notes)
+    pipe = tiny_pipeline(with_text_encoder=False)
+    reference = _run(pipe)
+    pipe.transformer.enable_group_offload(torch.device("cpu"), offload_device=torch.device("cpu"),
+                                          offload_type="block_level", num_blocks_per_group=1)
+    assert apply_placement(pipe, "dit=cpu,vae=cpu") == {"dit": "cpu", "video_vae": "cpu"}
+    assert torch.equal(_run(pipe)["videos"], reference["videos"])

@@ -543,6 +543,12 @@ def place(request: PlanRequest, devices: Sequence[DeviceSpec], *, host_bytes: in
     if policy_name == "phased":
         notes.append("phased: components are unloaded after their phase; ComfyUI does this on demand, a diffusers "
                      "pipeline keeps its components loaded (apply_placement refuses a phased placement)")
+    if chosen.offload_blocks:
+        notes.append(f"the DiT offloads {chosen.offload_blocks} blocks to host RAM: in diffusers call "
+                     "transformer.enable_group_offload(onload_device="
+                     f"\"{assignment['dit']}\", offload_type=\"block_level\", num_blocks_per_group=1) before "
+                     "apply_placement, which then leaves the transformer where group offload keeps it (it would "
+                     "otherwise move the whole DiT to the device; group offload streams every block, not only these)")
     return Placement(request=chosen, devices=tuple(devices), assignment=assignment, policy=policy_name,
                      needs=parts, device_phase_bytes=per_device, host_phase_bytes=host,
                      device_usable={d: search.usable(d) for d in names},
