@@ -14,7 +14,8 @@ Exactness (see docs/UPSCALE.md):
   not exact).
 
 Out of memory: a tile that raises an allocator error (`h3director.core.oom.is_out_of_memory`) is replaced by its core
-cut in half on each side (same overlap, so the result does not change) and retried; the halving sticks for the rest of
+cut in half on each side (same overlap, so on the centre-crop path the result does not change; a feathered blend
+follows the smaller tiles) and retried; the halving sticks for the rest of
 the video. Frames already handed to the sink are never redone; a `MemmapSink(resume=True)` starts after the frames an
 interrupted run finished.
 """
