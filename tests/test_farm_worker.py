@@ -5,6 +5,7 @@ for the next job instead of failing every job Ray places on that device."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import asdict
@@ -25,7 +26,7 @@ def test_a_server_that_died_is_started_again_for_the_next_job(tmp_path):
     prepare_farm_base(tmp_path / "base")
     config = ServerConfig(python=os.environ.get("COMFYUI_PYTHON", sys.executable), comfyui_dir=COMFYUI_DIR,
                           base_dir=str(tmp_path / "base"), cpu=True, work_root=str(tmp_path))
-    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     worker = None
     try:
         worker = FarmWorker("w0", asdict(config))
@@ -40,3 +41,31 @@ def test_a_server_that_died_is_started_again_for_the_next_job(tmp_path):
         if worker is not None:
             worker._shutdown(worker.work)
         ray.shutdown()
+
+
+def test_a_port_taken_before_the_server_binds_it_is_not_mistaken_for_ours(tmp_path, monkeypatch):
+    """The free port a server is given can be taken (by another worker's server on this machine) before
+    ComfyUI binds it, seconds later: the server that answers there is not ours; ours fails to bind and
+    is started again on another port."""
+    from comfy_harness.farm_base import prepare_farm_base
+
+    from h3director.farm import comfy_server
+    from h3director.farm.comfy_server import ComfyServer
+
+    base = str(prepare_farm_base(tmp_path / "base"))
+    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
+    first = ComfyServer(python, COMFYUI_DIR, base, str(tmp_path / "first"), cpu=True)
+    second = ComfyServer(python, COMFYUI_DIR, base, str(tmp_path / "second"), cpu=True)
+    try:
+        first.start()
+        taken = int(first.url.rsplit(":", 1)[1])
+        ports = iter([taken])
+        real = comfy_server._free_port
+        monkeypatch.setattr(comfy_server, "_free_port", lambda: next(ports, None) or real())
+        second.start()
+        assert second.url != first.url and second.alive()
+        status, body = comfy_server._request(f"{second.url}/system_stats")
+        assert status == 200 and str(second.output_dir) in json.loads(body)["system"]["argv"]
+    finally:
+        second.stop()
+        first.stop()

@@ -25,6 +25,7 @@ from pathlib import Path
 from h3director.errors import H3DirectorError
 
 START_TIMEOUT_S = 300
+PORT_TRIES = 3
 POLL_S = 0.05
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,9 +103,24 @@ class ComfyServer:
             return ""
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> ComfyServer:
+        """Start the server and wait until it answers. The free port it is given can be taken before
+        ComfyUI binds it (seconds later, at the end of its start): then it starts again on a new port."""
+        for _ in range(PORT_TRIES):
+            if self._start_on(_free_port(), timeout_s):
+                return self
+        raise ServerError(f"ComfyUI found its loopback port taken {PORT_TRIES} times:\n" + self.log_tail())
+
+    def _is_ours(self, body: bytes) -> bool:
+        """Whether a ``/system_stats`` answer comes from this server (its argv names our output folder)."""
+        try:
+            return str(self.output_dir) in json.loads(body)["system"]["argv"]
+        except (ValueError, KeyError, TypeError):
+            return False
+
+    def _start_on(self, port: int, timeout_s: float) -> bool:
+        """Start on `port`; True once it answers, False when the port turned out to be taken."""
         for sub in ("output", "temp", "user", "web"):
             (self.work_dir / sub).mkdir(parents=True, exist_ok=True)
-        port = _free_port()
         args = ["--listen", "127.0.0.1", "--port", str(port), "--base-directory", self.base_dir,
                 "--output-directory", str(self.work_dir / "output"), "--temp-directory", str(self.work_dir / "temp"),
                 "--user-directory", str(self.work_dir / "user"), "--disable-auto-launch",
@@ -120,11 +136,17 @@ class ComfyServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                if "address already in use" in self.log_tail().lower():
+                    return False
                 raise ServerError(f"ComfyUI exited with code {self.process.returncode} while starting:\n"
                                   + self.log_tail())
             try:
-                if _request(f"{self.url}/system_stats", timeout=5)[0] == 200:
-                    return self
+                status, body = _request(f"{self.url}/system_stats", timeout=5)
+                if status == 200:
+                    if self._is_ours(body):
+                        return True
+                    self.stop()                 # another server holds the port: ours cannot bind it
+                    return False
             except OSError:
                 pass
             time.sleep(0.5)
