@@ -152,3 +152,14 @@ def test_a_plan_that_offloads_dit_blocks_says_how_to_apply_it_in_diffusers():
                                           offload_type="block_level", num_blocks_per_group=1)
     assert apply_placement(pipe, "dit=cpu,vae=cpu") == {"dit": "cpu", "video_vae": "cpu"}
     assert torch.equal(_run(pipe)["videos"], reference["videos"])
+
+
+def test_a_group_offloaded_component_on_another_device_is_refused():
+    """Group offload onloads the DiT's blocks on its own device and `.to()` leaves it there: a placement naming
+    another device would report a device the DiT does not run on. (cuda:0 is only named here, never used.)"""
+    pipe = tiny_pipeline(with_text_encoder=False)
+    pipe.transformer.enable_group_offload(torch.device("cuda:0"), offload_device=torch.device("cpu"),
+                                          offload_type="block_level", num_blocks_per_group=1)
+    with pytest.raises(InvalidInputError, match="group offload onloads it on cuda:0"):
+        apply_placement(pipe, "dit=cpu,vae=cpu")
+    assert not hasattr(pipe.transformer, "_hf_hook") and "decode" not in pipe.vae.__dict__

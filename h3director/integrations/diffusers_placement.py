@@ -91,6 +91,23 @@ def _align_method(module, name: str, device) -> None:
     setattr(module, name, aligned)
 
 
+def _group_onload_device(module):
+    """The device diffusers' group offload onloads `module` on (its `.to()` then leaves it there), or None."""
+    import torch
+
+    if module is None or not isinstance(module, torch.nn.Module):
+        return None
+    try:
+        from diffusers.hooks.group_offloading import _get_group_onload_device
+
+        device = torch.device(_get_group_onload_device(module))
+    except (ImportError, ValueError):
+        return None
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def _forward_target(component: str, module):
     """The module whose forward the H3 blocks call: the text encoder's stack for Qwen3-VL (the blocks call
     `text_encoder.model(...)`), the module itself otherwise."""
@@ -106,7 +123,9 @@ def apply_placement(pipe, placement) -> dict[str, str]:
 
     Returns {component: device} for what was placed and "absent" for components the pipeline has not loaded.
     Raises `InvalidInputError` before anything moves: a malformed placement, a device this machine does not have,
-    a phased `Placement`, a component carrying an accelerate hook this module did not add."""
+    a phased `Placement`, a component carrying an accelerate hook this module did not add, a component group
+    offloaded onto another device than its placement (group offload first, on the placement's device, is how a
+    plan with offloaded DiT blocks is applied: `.to()` then leaves that component where group offload keeps it)."""
     from accelerate.hooks import AlignDevicesHook, add_hook_to_module
 
     wanted = _wanted(placement)
@@ -118,6 +137,11 @@ def apply_placement(pipe, placement) -> dict[str, str]:
             raise InvalidInputError(
                 f"{name} already carries an accelerate hook ({type(hook).__name__}: CPU offload, a device map or "
                 "another placement) that this placement would replace; load it without one to place it")
+        onload = _group_onload_device(module)
+        if onload is not None and onload != devices[component]:
+            raise InvalidInputError(
+                f"{name} is group offloaded and group offload onloads it on {onload}, not on {devices[component]} "
+                f"as the placement asks: enable group offload with onload_device=\"{devices[component]}\"")
     done: dict[str, str] = {}
     for component in COMPONENTS:
         if component not in devices:
