@@ -195,3 +195,13 @@ def test_resident_host_ram_holds_the_offloaded_blocks_in_every_phase():
                  - _phase(estimate(dataclasses.replace(chosen, offload_blocks=0)), "sampling").host_bytes)
     te_host = _phase(estimate(chosen), "text_encoding").host_bytes
     assert placement.host_phase_bytes["text_encoding"] == te_host + offloaded
+
+
+def test_refusal_names_a_plan_command_that_runs(capsys):
+    """The refusal's 'what fits' names the one-device command with every input it needs."""
+    with pytest.raises(BudgetError) as info:
+        place(PlanRequest(1344, 768, 991, audio=False), parse_devices("cuda:0=8GB,cuda:1=6GB"), host_bytes=64 * GiB)
+    command = str(info.value).split("(`")[-1].split("`")[0]
+    assert command == ("h3director plan --width 1344 --height 768 --frames 991 --vram 8GB --ram 64GB --no-audio")
+    assert main(command.split()[1:]) == 0
+    assert "long-form" in capsys.readouterr().out

@@ -593,5 +593,25 @@ def refusal_message(request: PlanRequest, devices: Sequence[DeviceSpec], *, host
                 if advice.long_form else "one pass")
         lines.append(f"what fits: on {largest.name} alone, {what} with DiT {s['weights']}, {s['offload_blocks']} "
                      f"blocks offloaded, {s['head_chunks']} head / {s['ffn_chunks']} FFN chunks, text encoder "
-                     f"{s['text_encoder']} (`h3director plan --vram {largest.capacity_bytes / 2**30:g}GB` shows it)")
+                     f"{s['text_encoder']} (`{_plan_command(request, largest, host_bytes, margin, formats)}` shows it)")
     return "\n".join(lines)
+
+
+def _plan_command(request: PlanRequest, device: DeviceSpec, host_bytes: int, margin: float,
+                  formats: Sequence[str]) -> str:
+    """The `h3director plan` command that plans `request` on `device` alone with this host RAM."""
+    parts = [f"h3director plan --width {request.width} --height {request.height} --frames {request.frames}",
+             f"--vram {device.capacity_bytes / 2**30:g}GB --ram {host_bytes / 2**30:g}GB"]
+    defaults = PlanRequest(request.width, request.height, request.frames)
+    for name in ("refs", "keyframes", "text_tokens", "attention"):
+        if getattr(request, name) != getattr(defaults, name):
+            parts.append(f"--{name.replace('_', '-')} {getattr(request, name)}")
+    if request.dit_config and "num_layers" in request.dit_config:
+        parts.append(f"--dit-layers {request.dit_config['num_layers']}")
+    if not request.audio:
+        parts.append("--no-audio")
+    if len(formats) == 1:
+        parts.append(f"--weights {formats[0]}")
+    if margin != DEFAULT_MARGIN:
+        parts.append(f"--margin {margin:g}")
+    return " ".join(parts)
