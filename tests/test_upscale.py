@@ -299,3 +299,18 @@ def test_regions_never_exceed_the_tile(alignment):
                 assert all(a[1] == b[0] for a, b in zip(cores[:-1], cores[1:], strict=True))
                 assert all(t.core[0] % alignment == 0 for t in plan)
                 assert max(t.region_size[0] for t in plan) <= tile, (tile, overlap, length, plan)
+
+
+class FunctionalGlobalUpscaler(ConvUpscaler):
+    """A global mean taken in forward (no pooling layer for the derivation to see): not convolutional."""
+
+    def forward(self, x):
+        return super().forward(x) * (0.5 + x.mean((2, 3), keepdim=True))
+
+
+def test_global_op_outside_any_layer_is_not_called_exact(tmp_path):
+    model = _model(FunctionalGlobalUpscaler())
+    assert not model.convolutional and model.receptive_field is None
+    frames = np.random.default_rng(8).integers(0, 256, (1, 40, 48, 3), dtype=np.uint8)
+    report = stream_upscale(model, ArraySource(frames), MemmapSink(tmp_path / "f.npy"), tile=32)
+    assert not report.exact and "not exact" in "\n".join(report.lines())

@@ -73,13 +73,25 @@ class UpscaleModel:
     def from_module(cls, module: torch.nn.Module, scale: int, *, name: str | None = None,
                     convolutional: bool | None = None, alignment: int | None = None) -> UpscaleModel:
         """Wrap a plain torch module; its receptive field, alignment and whether it is convolutional are derived
-        from its layers (`derive_field`) unless given."""
+        from its layers (`derive_field`) unless given.
+
+        The derivation sees layers only, not operations written in `forward` (``x.mean((2, 3))``, a functional
+        interpolation); so a derived field is checked with one probe (`measure_field` on an image a little over
+        twice the field, two forward passes): a change reaching farther than the derived field makes the model
+        not convolutional (feathered, reported not exact)."""
         first = next(module.parameters(), None)
         device = first.device if first is not None else torch.device("cpu")
         dtype = first.dtype if first is not None else torch.float32
         info = derive_field(module, device=device, dtype=dtype, probe_size=32 * (alignment or 1))
-        return cls(module, int(scale), info.radius, info.convolutional if convolutional is None else convolutional,
-                   name or type(module).__name__, alignment or info.alignment, device, dtype, module)
+        radius, local = info.radius, info.convolutional
+        step = alignment or info.alignment
+        if convolutional is None and local and radius is not None:
+            size = max(32, 2 * (radius + 2 * step) + 2)
+            local = measure_field(module, int(scale), alignment=step, start=size, limit=size, device=device,
+                                  dtype=dtype) <= radius
+            radius = radius if local else None
+        return cls(module, int(scale), radius, local if convolutional is None else convolutional,
+                   name or type(module).__name__, step, device, dtype, module)
 
 
 @dataclass(frozen=True)
