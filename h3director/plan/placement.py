@@ -34,7 +34,8 @@ host RAM for the whole render.
 
 Every device is checked like a single-device `recommend.Budget`: usable = capacity x (1 - margin) - reserve.
 Host RAM: each phase's host bytes (offloaded DiT blocks, latents, outputs, a text encoder on the CPU) must fit
-host RAM x (1 - margin).
+host RAM x (1 - margin). Like the single-device plan, they do not count the weights of a component that is not
+loaded on its device (before its phase, or parked in host RAM after it under "phased").
 """
 
 from __future__ import annotations
