@@ -102,3 +102,34 @@ def test_outputs_that_cannot_be_written_fail_that_job_and_the_run_goes_on(tmp_pa
         row = ledger.get("farm.sqlite")
         assert row.state == "failed" and "cannot write the outputs" in row.error
         assert (tmp_path / "out" / "farm.sqlite").is_file()
+
+
+_OTHER_DRIVER = """
+import json, sys
+import ray
+from h3director.farm.worker import ServerConfig, worker_actor
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+actor = worker_actor(sys.argv[2], "w0", ServerConfig(python=sys.executable, comfyui_dir="", base_dir=""))
+print(json.dumps(ray.get(actor.ready.remote())))
+"""
+
+
+def test_two_drivers_on_one_cluster_get_their_own_workers(tmp_path, local_ray):
+    """Another farm run on the same cluster (another user, another --out) starts its own worker on the
+    node instead of getting this run's (with this run's settings, and owned by this driver: killed when
+    this run ends, under the other run's jobs)."""
+    import subprocess
+    import sys
+
+    from h3director.farm.worker import ServerConfig, worker_actor
+
+    node_id = ray.get_runtime_context().get_node_id()
+    actor = worker_actor(node_id, "w0", ServerConfig(python=sys.executable, comfyui_dir="", base_dir=""))
+    ours = ray.get(actor.ready.remote())
+    address = ray.get_runtime_context().gcs_address
+    done = subprocess.run([sys.executable, "-c", _OTHER_DRIVER, address, node_id], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    assert theirs["node_id"] == ours["node_id"] and theirs["pid"] != ours["pid"]
+    assert ray.get(actor.ready.remote())["pid"] == ours["pid"]          # ours lives on

@@ -2,9 +2,9 @@
 for diffusers jobs, the diffusers H3 pipeline (`diffusers_job.PipelineHost`, in the actor's process).
 
 One worker per Ray node that declares the `needs.ACCEL_RESOURCE` custom resource (the device's memory
-in MiB). The actor is pinned to its node (hard node affinity), named ``h3farm-<node id>`` in the
-``h3farm`` namespace, and restarted by Ray when it dies (its ComfyUI server dies with it and a new one
-starts). Jobs are Ray tasks (`run_job`) that ask for the job's predicted MiB of that resource: Ray
+in MiB). The actor is pinned to its node (hard node affinity), named ``h3farm-<Ray job id>-<node id>``
+(one set of workers per driver) in the ``h3farm`` namespace, and restarted by Ray when it dies (its
+ComfyUI server dies with it and a new one starts). Jobs are Ray tasks (`run_job`) that ask for the job's predicted MiB of that resource: Ray
 starts one only on a node with that much unclaimed, and holds it until the task ends, so the
 predictions of the jobs on a device never add up to more than its capacity. The task calls its node's
 worker, which runs one prompt at a time on its server, and one diffusers job at a time in its own
@@ -41,7 +41,11 @@ class ServerConfig:
 
 
 def actor_name(node_id: str) -> str:
-    return f"h3farm-{node_id}"
+    """The worker actor of `node_id` for the calling Ray job (one driver's run): another farm run on the
+    same cluster has its own workers (with its own settings, and not killed when this run ends)."""
+    import ray
+
+    return f"h3farm-{ray.get_runtime_context().get_job_id()}-{node_id}"
 
 
 class FarmWorker:
