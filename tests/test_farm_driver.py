@@ -133,3 +133,20 @@ def test_two_drivers_on_one_cluster_get_their_own_workers(tmp_path, local_ray):
     theirs = json.loads(done.stdout.strip().splitlines()[-1])
     assert theirs["node_id"] == ours["node_id"] and theirs["pid"] != ours["pid"]
     assert ray.get(actor.ready.remote())["pid"] == ours["pid"]          # ours lives on
+
+
+def test_a_job_id_that_names_the_ledger_is_refused_before_it_runs(tmp_path, local_ray):
+    """OUT/<job id>/ would be the ledger file (or its WAL, lock): refused up front, not after the render."""
+    (tmp_path / "wf.json").write_text(json.dumps(WORKFLOW))
+    text = "\n".join(json.dumps({"id": job_id, "workflow": "wf.json"})
+                     for job_id in ("farm.sqlite", "farm.sqlite-wal", "farm.sqlite.lock", "farm.sqlite2", "fine"))
+    jobs, errors = parse_jobs(text, tmp_path)
+    assert not errors
+    with Ledger(tmp_path / "out" / "farm.sqlite") as ledger:
+        farm = _farm(tmp_path, ledger)
+        farm.session.workers["w0"] = (needs.WorkerSpec("w0", 64 * 2**30, 64 * 2**30), None, None)
+        runnable = farm.prepare(jobs, {node["class_type"] for node in WORKFLOW.values()})
+        assert [item.job.id for item in runnable] == ["farm.sqlite2", "fine"]
+        for job_id in ("farm.sqlite", "farm.sqlite-wal", "farm.sqlite.lock"):
+            row = ledger.get(job_id)
+            assert row.state == "refused" and "the ledger's name" in row.error

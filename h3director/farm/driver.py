@@ -197,7 +197,12 @@ class Farm:
         """Check node classes, price every job, register it; the jobs to run (done ones skipped)."""
         specs = [spec for spec, _, _ in self.session.workers.values()]
         runnable = []
+        reserved = {LEDGER_NAME + suffix for suffix in ("", "-wal", "-shm", "-journal", ".lock")}
         for job in jobs:
+            if job.id in reserved:      # OUT/<job id>/ would be the ledger's own file
+                self.refuse(job.id, job.line, f"job id {job.id!r} is the ledger's name in --out "
+                            f"({', '.join(sorted(reserved))} are taken); rename the job")
+                continue
             missing = unknown_classes(job, known)
             if missing:
                 self.refuse(job.id, job.line, f"unknown node classes {missing}: the workers' ComfyUI does not "
