@@ -150,3 +150,23 @@ def test_a_job_id_that_names_the_ledger_is_refused_before_it_runs(tmp_path, loca
         for job_id in ("farm.sqlite", "farm.sqlite-wal", "farm.sqlite.lock"):
             row = ledger.get(job_id)
             assert row.state == "refused" and "the ledger's name" in row.error
+
+
+def test_a_job_a_dead_driver_moved_down_a_rung_resumes_on_that_rung(tmp_path, local_ray):
+    """The dead driver's run had an OOM on rung 0 and was running the job on rung 1: the next run resumes
+    on rung 1 (its one OOM retry spent), instead of running rung 0 into the same OOM again."""
+    (tmp_path / "wf.json").write_text(json.dumps(WORKFLOW))
+    jobs, _ = parse_jobs(json.dumps({"id": "a", "workflow": "wf.json", "width": 512, "height": 512}), tmp_path)
+    rungs = needs.ladder(jobs[0])
+    assert len(rungs) >= 2
+    with Ledger(tmp_path / "farm.sqlite") as ledger:
+        ledger.sync("a", 1, jobs[0].spec_hash)
+        first = ledger.start_attempt("a", 0, rungs[0].settings, rungs[0].device_bytes, rungs[0].device_mb)
+        ledger.end_attempt("a", first, "oom", error="CUDA out of memory")
+        ledger.start_attempt("a", 1, rungs[1].settings, rungs[1].device_bytes, rungs[1].device_mb)
+    with Ledger(tmp_path / "farm.sqlite") as ledger:                 # the next run
+        assert ledger.recover() == ["a"]
+        farm = _farm(tmp_path, ledger)
+        farm.session.workers["w0"] = (needs.WorkerSpec("w0", 64 * 2**30, 64 * 2**30), None, None)
+        [item] = farm.prepare(jobs, {node["class_type"] for node in WORKFLOW.values()})
+        assert (item.rung, item.oom_retried) == (1, True)

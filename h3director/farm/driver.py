@@ -219,8 +219,16 @@ class Farm:
                 if row.error:
                     self.display.event(f"[kept] {job.id}: {row.error}")
                 continue
-            runnable.append(_Running(job, rungs, first, 0))
+            runnable.append(self._resumed(_Running(job, rungs, first, 0), row))
         return runnable
+
+    def _resumed(self, item: _Running, row) -> _Running:
+        """A job a dead driver had moved down a rung after an OOM goes on from that rung, its one OOM
+        retry spent (`sync` puts a failed or changed job back on rung 0, so those start afresh)."""
+        ooms = [a["rung"] for a in self.ledger.attempts(item.job.id) if a["result"] == "oom"]
+        if item.rung < row.rung < len(item.rungs) and any(rung < row.rung for rung in ooms):
+            item.rung, item.oom_retried = row.rung, True
+        return item
 
     def submit(self, item: _Running) -> None:
         rung = item.rungs[item.rung]
