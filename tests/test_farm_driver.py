@@ -170,3 +170,23 @@ def test_a_job_a_dead_driver_moved_down_a_rung_resumes_on_that_rung(tmp_path, lo
         farm.session.workers["w0"] = (needs.WorkerSpec("w0", 64 * 2**30, 64 * 2**30), None, None)
         [item] = farm.prepare(jobs, {node["class_type"] for node in WORKFLOW.values()})
         assert (item.rung, item.oom_retried) == (1, True)
+
+
+def test_a_job_no_live_worker_fits_any_more_fails_instead_of_waiting_forever(tmp_path, local_ray):
+    """Ray keeps a task no node can take pending for ever: when the node(s) a job fits are gone (a cluster
+    node lost; here none declares a device), the job fails with the reason and the run ends."""
+    import threading
+
+    def run() -> None:                                # the ledger's connection belongs to this thread
+        with Ledger(tmp_path / "farm.sqlite") as ledger:
+            farm = _farm(tmp_path, ledger)
+            farm.run([_item(tmp_path, "a", ledger)])
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    runner.join(timeout=60)                           # a guard against the hang this checks, not a timing
+    assert not runner.is_alive(), "the run waits for ever on a job no live node can take"
+    with Ledger(tmp_path / "farm.sqlite") as ledger:
+        row = ledger.get("a")
+        assert row.state == "failed" and "no live worker fits" in row.error
+        assert [a["result"] for a in ledger.attempts("a")] == ["no worker"]

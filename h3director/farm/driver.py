@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import socket
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -31,6 +32,7 @@ from h3director.farm.worker import NAMESPACE, ServerConfig, job_task, worker_act
 from h3director.units import MiB
 
 MAX_ATTEMPTS = 4
+PLACEMENT_CHECK_S = 10.0       # how often the pending jobs are checked against the live device nodes
 CONNECT_TIMEOUT_S = 10.0
 LEDGER_NAME = "farm.sqlite"
 OBJECT_STORE_BYTES = 128 * MiB
@@ -293,12 +295,36 @@ class Farm:
                          started_at=result["held_from"], finished_at=result["held_to"])
         self.display.event(f"[failed] {job_id}: {message.splitlines()[0][:200]}")
 
+    def fail_unplaceable(self) -> None:
+        """Fail the pending jobs no live device node fits any more (a cluster node lost): Ray would keep
+        their tasks waiting for ever."""
+        import ray
+
+        live = [spec for spec, _ in cluster_workers()]
+        for ref, item in list(self.pending.items()):
+            rung = item.rungs[item.rung]
+            if any(worker.fits(rung) for worker in live):
+                continue
+            ray.cancel(ref, force=True)
+            del self.pending[ref]
+            message = (f"no live worker fits {rung.describe()} any more (live: "
+                       + (", ".join(f"{w.name} {w.accel_mb} MiB" for w in live) or "none") + ")")
+            self.ledger.end_attempt(item.job.id, item.attempt, "no worker", error=message)
+            self.ledger.fail(item.job.id, message)
+            self.display.event(f"[failed] {item.job.id}: {message}")
+
     def run(self, items: list[_Running]) -> None:
         import ray
 
         for item in items:
             self.submit(item)
+        next_check = 0.0
         while self.pending:
+            if time.monotonic() >= next_check:
+                self.fail_unplaceable()
+                next_check = time.monotonic() + PLACEMENT_CHECK_S
+                if not self.pending:
+                    break
             done, _ = ray.wait(list(self.pending), num_returns=1, timeout=0.5)
             for ref in done:
                 self.handle(ref)
