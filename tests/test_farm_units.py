@@ -234,3 +234,10 @@ def test_a_second_driver_on_the_same_ledger_is_refused(tmp_path):
     with Ledger(path) as third:                      # the first driver is gone: the ledger is free again
         third.claim()
         assert third.recover() == ["a"]
+
+
+def test_local_workers_without_a_host_size_share_this_machines_ram():
+    """The simulated devices of a local farm are on one machine: their default host RAM is one pool
+    split between them (each claiming all of it let their jobs' host needs add up to a multiple of it)."""
+    workers = needs.parse_workers("a=1GB,b=1GB:2GB,c=1GB", 8 * GiB)
+    assert [(w.name, w.host_bytes) for w in workers] == [("a", 4 * GiB), ("b", 2 * GiB), ("c", 4 * GiB)]

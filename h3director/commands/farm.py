@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="Ray cluster: ray://HOST:10001, HOST:PORT or auto; default (or 'local'): a Ray on this machine")
     run.add_argument("--out", default="farm_out", help="folder for outputs (OUT/<job id>/) and the ledger farm.sqlite")
     run.add_argument("--workers", default=None,
-                     help="local devices NAME=ACCEL[:HOST],... e.g. gpu0=24GB,gpu1=12GB (default: one worker with "
+                     help="local devices NAME=ACCEL[:HOST],... e.g. gpu0=24GB,gpu1=12GB (those without HOST share this "
+                          "machine's available RAM; default: one worker with "
                           "this machine's free accelerator memory, or its RAM on a CPU-only machine)")
     run.add_argument("--comfyui", default=os.environ.get("H3_FARM_COMFYUI"),
                      help="ComfyUI source folder on every node (env H3_FARM_COMFYUI); needed when the job file "

@@ -91,9 +91,11 @@ class WorkerSpec:
 
 def parse_workers(spec: str, default_host_bytes: int) -> list[WorkerSpec]:
     """``"gpu0=24GB,gpu1=12GB:32GB"`` -> workers (``name=ACCEL[:HOST]``; GB means GiB, as cards are
-    quoted; HOST defaults to `default_host_bytes`)."""
+    quoted). The workers without a HOST share `default_host_bytes` (this machine's RAM) equally."""
     workers: list[WorkerSpec] = []
-    for item in (part.strip() for part in spec.split(",")):
+    items = [part.strip() for part in spec.split(",")]
+    shares = max(1, sum(1 for item in items if not item.partition("=")[2].partition(":")[2].strip()))
+    for item in items:
         name, sep, sizes = item.partition("=")
         if not sep or not name.strip() or not sizes.strip():
             raise InvalidInputError(f"--workers: expected NAME=ACCEL[:HOST] items such as gpu0=24GB, got {item!r}")
@@ -104,7 +106,7 @@ def parse_workers(spec: str, default_host_bytes: int) -> list[WorkerSpec]:
             raise InvalidInputError(f"--workers: duplicate worker name {name!r}")
         accel, _, host = sizes.partition(":")
         accel_bytes = parse_size(accel.strip(), binary_gb=True)
-        host_bytes = parse_size(host.strip(), binary_gb=True) if host.strip() else default_host_bytes
+        host_bytes = parse_size(host.strip(), binary_gb=True) if host.strip() else default_host_bytes // shares
         if accel_bytes < MiB or host_bytes < MiB:
             raise InvalidInputError(f"--workers: {name} needs at least 1 MiB of each memory, got {item!r}")
         workers.append(WorkerSpec(name, accel_bytes, host_bytes))
