@@ -303,8 +303,8 @@ class Farm:
         live = [spec for spec, _ in cluster_workers()]
         for ref, item in list(self.pending.items()):
             rung = item.rungs[item.rung]
-            if any(worker.fits(rung) for worker in live):
-                continue
+            if any(worker.fits(rung) for worker in live) or ray.wait([ref], timeout=0)[0]:
+                continue            # placeable, or already finished (`handle` takes its result)
             ray.cancel(ref, force=True)
             del self.pending[ref]
             message = (f"no live worker fits {rung.describe()} any more (live: "
