@@ -241,3 +241,14 @@ def test_local_workers_without_a_host_size_share_this_machines_ram():
     split between them (each claiming all of it let their jobs' host needs add up to a multiple of it)."""
     workers = needs.parse_workers("a=1GB,b=1GB:2GB,c=1GB", 8 * GiB)
     assert [(w.name, w.host_bytes) for w in workers] == [("a", 4 * GiB), ("b", 2 * GiB), ("c", 4 * GiB)]
+
+
+def test_the_streaming_decode_gets_the_rungs_budget_when_its_optional_input_is_left_out(folder):
+    """An API export may leave out H3DirectorDecodeAVStreaming's optional `budget_gb` (as
+    examples/h3_decode_latent_streaming_api.json does): the node takes it, so the decode rungs apply."""
+    inputs = {k: v for k, v in WORKFLOW["4"]["inputs"].items() if k != "budget_gb"}
+    (folder / "nobudget.json").write_text(json.dumps({**WORKFLOW, "4": {**WORKFLOW["4"], "inputs": inputs}}))
+    jobs, _ = parse_jobs(_lines({"id": "a", "workflow": "nobudget.json", "width": 512, "height": 512}), folder)
+    rungs = needs.ladder(jobs[0])
+    assert len(rungs) >= 2
+    assert needs.apply_rung(rungs[1], jobs[0].workflow)["4"]["inputs"]["budget_gb"] == rungs[1].settings["budget_gb"]

@@ -11,7 +11,8 @@ job's frames, width and height (H3's released model) and takes the largest:
 - decode only: the planner's decode paths (`plan.recommend.DECODE_TILES`: reference, then 4, 2, 1 tiles
   per call), keeping only rungs that need less than the one before; a rung's decode-phase device need
   (VAE weights + working set, GiB) goes to the ``budget_gb`` input of every decode node that has one.
-  Without such a node (a stock ``VAEDecode``) the ladder is the reference rung alone.
+  ``H3DirectorDecodeAVStreaming`` takes it even where the export left the optional input out. Without
+  such a node (a stock ``VAEDecode``) the ladder is the reference rung alone.
 
 A diffusers job (`jobs.Job.diffusers`) runs sampling and decode: its rungs are the DiT chunkings whose
 head chunks divide its transformer's heads (applied by the worker with `apply_memory_plan`).
@@ -36,6 +37,7 @@ TEXT_CLASSES = {"CLIPTextEncode", "MiniMaxH3ImageToVideo", "H3DirectorCachedText
 SAMPLING_CLASSES = {"KSampler", "KSamplerAdvanced", "SamplerCustom", "SamplerCustomAdvanced"}
 DIT_MEMORY_CLASS = "H3DirectorDiTMemory"
 DECODE_BUDGET_INPUT = "budget_gb"
+BUDGET_DECODE_CLASSES = {"H3DirectorDecodeAVStreaming"}   # take `budget_gb` even where the export left it out
 ACCEL_RESOURCE = "h3_accel_mb"     # Ray custom resource: a device's accelerator memory, MiB
 HOST_RESOURCE = "h3_host_mb"       # Ray custom resource: the host RAM that device's jobs may use, MiB
 
@@ -129,10 +131,20 @@ def _has_audio(workflow: dict) -> bool:
     return any("Audio" in n["class_type"] or "audio_vae" in n.get("inputs", {}) for n in workflow.values())
 
 
+def _takes_budget(node: dict) -> bool:
+    """Whether a rung's decode budget goes to this node: a decode node with a literal `budget_gb` input,
+    or one of `BUDGET_DECODE_CLASSES` without it (optional there)."""
+    if "Decode" not in node["class_type"]:
+        return False
+    inputs = node.get("inputs", {})
+    if DECODE_BUDGET_INPUT in inputs:
+        return not isinstance(inputs[DECODE_BUDGET_INPUT], list)
+    return node["class_type"] in BUDGET_DECODE_CLASSES
+
+
 def _takes_decode_budget(workflow: dict) -> bool:
-    """Whether some decode node of `workflow` has a literal `budget_gb` input (where a rung's budget goes)."""
-    return any("Decode" in node["class_type"] and DECODE_BUDGET_INPUT in node.get("inputs", {})
-               and not isinstance(node["inputs"][DECODE_BUDGET_INPUT], list) for node in workflow.values())
+    """Whether some node of `workflow` takes a rung's decode budget (`_takes_budget`)."""
+    return any(_takes_budget(node) for node in workflow.values())
 
 
 def _rung(index: int, request: PlanRequest, phases: list[str], settings: dict) -> Rung:
@@ -183,11 +195,10 @@ def node_inputs(rung: Rung, workflow: dict) -> dict[str, dict]:
     """{node_id: inputs to set} that put `rung`'s settings into `workflow`."""
     changes: dict[str, dict] = {}
     for node_id, node in workflow.items():
-        inputs = node.get("inputs", {})
         if "head_chunks" in rung.settings and node["class_type"] == DIT_MEMORY_CLASS:
             changes[node_id] = {"mode": "fixed", "head_chunks": rung.settings["head_chunks"],
                                 "ffn_chunks": rung.settings["ffn_chunks"]}
-        elif "budget_gb" in rung.settings and "Decode" in node["class_type"] and DECODE_BUDGET_INPUT in inputs:
+        elif "budget_gb" in rung.settings and _takes_budget(node):
             changes[node_id] = {DECODE_BUDGET_INPUT: rung.settings["budget_gb"]}
     return changes
 
@@ -198,7 +209,7 @@ def apply_rung(rung: Rung, workflow: dict) -> dict:
 
     result = copy.deepcopy(workflow)
     for node_id, inputs in node_inputs(rung, workflow).items():
-        result[node_id]["inputs"].update(inputs)
+        result[node_id].setdefault("inputs", {}).update(inputs)
     return result
 
 
