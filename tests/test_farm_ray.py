@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from comfy_harness.farm_base import farm_servers
 from comfy_harness.server import free_port
 from comfy_harness.vendored import why_unavailable
 
@@ -88,12 +89,7 @@ def _wait_for_done(ledger: Path, count: int, timeout_s: float = 240) -> None:
 
 
 def _server_processes() -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        cmdline = process.info["cmdline"] or []
-        if "h3director.farm.serve" in cmdline:
-            found.append(process)
-    return found
+    return farm_servers(COMFYUI_DIR)
 
 
 def _kill_one_worker_when(ledger: Path, done: int, killed: list[int]) -> None:

@@ -3,7 +3,8 @@ and a small decode workflow (standard library only; uses `server.py`'s helpers).
 
 `prepare_farm_base(base)` -> base; `write_decode_workflow(path)` writes the API workflow the farm jobs
 name: an empty 128x128x22 H3 AV latent, H3TestFarmDecodeCapped (node "5"), and the streaming decode to
-an MP4 (node "4").
+an MP4 (node "4"). `farm_servers(comfyui_dir)`: the farm's ComfyUI server processes that run `comfyui_dir`
+(only this checkout's: other farms on the machine, e.g. another clone's tests, are not counted).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+
+import psutil
 
 from comfy_harness.server import HARNESS, prepare_base, write_tiny_vae_weights
 
@@ -37,3 +40,13 @@ def prepare_farm_base(base: Path) -> Path:
 def write_decode_workflow(path: Path) -> Path:
     path.write_text(json.dumps(DECODE_WORKFLOW, indent=1))
     return path
+
+
+def farm_servers(comfyui_dir: str | None) -> list[psutil.Process]:
+    """Live `h3director.farm.serve` processes whose ComfyUI folder (their fifth argument) is `comfyui_dir`."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if "h3director.farm.serve" in cmdline and comfyui_dir in cmdline:
+            found.append(process)
+    return found
