@@ -4,7 +4,8 @@
 
 Both sides use the same ComfyUI (the vendored snapshot in `.comfy/`, `--cpu`, the tiny H3 VAEs of
 `tests/comfy_harness/farm_base.py`) and the same job: an empty H3 AV latent decoded to an MP4 by
-`H3DirectorDecodeAVStreaming`, each job with its own output prefix (as the farm gives it).
+`H3DirectorDecodeAVStreaming`, each job with its own output prefix (as the farm gives it) and the same
+settings (the farm's first rung that the worker fits, e.g. the decode node's `budget_gb`).
 
 - direct: one server (`h3director.farm.comfy_server.ComfyServer`), the jobs submitted one after the
   other, each output written to the out folder with write-then-rename;
@@ -44,15 +45,22 @@ def _jobs_file(folder: Path, count: int, size: int, frames: int, tag: str) -> Pa
     return path
 
 
-def _direct(server, jobs_path: Path, out: Path) -> float:
+def _direct(server, jobs_path: Path, out: Path, workers: list) -> float:
+    """The jobs one after the other on one server, each with the settings the farm would apply (its first
+    rung that a worker fits), priced before the clock starts as the farm's `prepare` is."""
+    from h3director.farm import needs
     from h3director.farm.driver import _write_outputs
     from h3director.farm.jobs import read_jobs, with_output_prefix
 
     jobs, errors = read_jobs(jobs_path)
     assert not errors, errors
-    started = time.perf_counter()
+    workflows = []
     for job in jobs:
-        result = server.run(with_output_prefix(job.workflow, job.id))
+        rungs = needs.ladder(job)
+        workflows.append(needs.apply_rung(rungs[needs.first_rung(rungs, workers)], job.workflow))
+    started = time.perf_counter()
+    for job, workflow in zip(jobs, workflows, strict=True):
+        result = server.run(with_output_prefix(workflow, job.id))
         assert result.status == "done", result.error
         _write_outputs(out, job.id, result.files)
     return time.perf_counter() - started
@@ -108,12 +116,13 @@ def main() -> None:
     try:
         known = start_workers(session, config)
         warm = _jobs_file(root, 2, args.size, args.frames, "warm")      # load the VAEs on both servers
-        _direct(direct_server, warm, root / "out-warm-direct")
+        _direct(direct_server, warm, root / "out-warm-direct", [worker])
         _farm(session, warm, root / "out-warm-farm", known)
         direct_s = farm_s = 0.0
         rows = []
         for r in range(args.rounds):
-            d = _direct(direct_server, _jobs_file(root, args.jobs, args.size, args.frames, f"d{r}"), root / f"od{r}")
+            d = _direct(direct_server, _jobs_file(root, args.jobs, args.size, args.frames, f"d{r}"), root / f"od{r}",
+                        [worker])
             f = _farm(session, _jobs_file(root, args.jobs, args.size, args.frames, f"f{r}"), root / f"of{r}", known)
             direct_s, farm_s = direct_s + d, farm_s + f
             rows.append((r, d, f))
