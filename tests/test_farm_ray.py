@@ -232,7 +232,10 @@ def test_a_cluster_address_finds_the_declared_devices(base, tmp_path, through):
         out = tmp_path / "out"
         command = _cli(base, jobs, out, "unused")
         command[command.index("--workers"):command.index("--workers") + 2] = ["--address", address]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=base, env=ENV)
+        # The environment as it is now, not ENV's copy from import time: the cluster above follows this
+        # process's Ray auth mode, which an earlier in-process ray.init may have set (RAY_AUTH_MODE=token).
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=base,
+                              env=dict(os.environ, OMP_NUM_THREADS="1"))
     finally:
         cluster.shutdown()
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
