@@ -25,15 +25,11 @@ import pytest
 import torch
 from comfy_harness.server import HARNESS, comfyui_server, prepare_base, submit, write_tiny_vae_weights
 from comfy_harness.server import http_get as _get
-from comfy_harness.vendored import why_unavailable
+from comfy_harness.vendored import real_comfyui_marks
 
 REPO = Path(__file__).resolve().parents[1]
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")  # tests/conftest.py defaults it to the prepared .comfy/ComfyUI
-pytestmark = [
-    pytest.mark.comfyui,
-    pytest.mark.slow,
-    pytest.mark.skipif(not COMFYUI_DIR, reason=why_unavailable()),
-]
+pytestmark = real_comfyui_marks()
 # Latents for the bit-identity test, [B, 24, T, H, W]: (T, H, W) -> (frames, height px, width px).
 # ComfyUI's H3 VAE decodes 5-token chunks with 2 tokens of overlap and 256 px tiles overlapping by at
 # least 64 px, so T=7 is one clip, T=12 two, and W=24 (384 px) two spatial tiles.

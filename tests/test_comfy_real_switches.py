@@ -23,14 +23,11 @@ from pathlib import Path
 import pytest
 from comfy_harness.server import HARNESS, comfyui_server, prepare_base, submit, write_tiny_dit_checkpoint
 from comfy_harness.server import http_get as _get
+from comfy_harness.vendored import real_comfyui_marks
 
 REPO = Path(__file__).resolve().parents[1]
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
-pytestmark = [
-    pytest.mark.comfyui,
-    pytest.mark.slow,
-    pytest.mark.skipif(not COMFYUI_DIR, reason="set COMFYUI_DIR to a ComfyUI checkout (and COMFYUI_PYTHON) to run"),
-]
+pytestmark = real_comfyui_marks()
 
 
 @pytest.fixture(scope="module")

@@ -26,11 +26,11 @@ import psutil
 import pytest
 from comfy_harness.farm_base import farm_servers
 from comfy_harness.server import free_port
-from comfy_harness.vendored import why_unavailable
+from comfy_harness.vendored import real_comfyui_marks
 
 pytest.importorskip("ray")
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
-pytestmark = [pytest.mark.comfyui, pytest.mark.slow, pytest.mark.skipif(not COMFYUI_DIR, reason=why_unavailable())]
+pytestmark = real_comfyui_marks()
 REPO = Path(__file__).resolve().parents[1]
 WORKERS = "w0=12GB:8GB,w1=6GB:8GB"     # a 128x128x22 decode job is priced 5.70 GiB: 2 + 1 at once
 CAPACITY_MB = {"w0": 12 * 1024, "w1": 6 * 1024}

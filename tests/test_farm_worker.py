@@ -11,11 +11,11 @@ import sys
 from dataclasses import asdict
 
 import pytest
-from comfy_harness.vendored import why_unavailable
+from comfy_harness.vendored import real_comfyui_marks
 
 ray = pytest.importorskip("ray")
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
-pytestmark = [pytest.mark.comfyui, pytest.mark.slow, pytest.mark.skipif(not COMFYUI_DIR, reason=why_unavailable())]
+pytestmark = real_comfyui_marks()
 
 
 def test_a_server_that_died_is_started_again_for_the_next_job(tmp_path):

@@ -24,16 +24,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from comfy_harness.server import HARNESS, comfyui_python, comfyui_server, prepare_base, submit
-from comfy_harness.vendored import why_unavailable
+from comfy_harness.vendored import real_comfyui_marks
 
 from h3director.video.synthetic_motion import MovingScenes
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = [
-    pytest.mark.comfyui,
-    pytest.mark.slow,
-    pytest.mark.skipif(not os.environ.get("COMFYUI_DIR"), reason=why_unavailable()),
-]
+pytestmark = real_comfyui_marks()
 FRAMES, CUT = 20, 12
 
 

@@ -18,10 +18,10 @@ from comfy_harness.server import (
     write_tiny_dit_checkpoint,
     write_tiny_vae_weights,
 )
-from comfy_harness.vendored import why_unavailable
+from comfy_harness.vendored import real_comfyui_marks
 
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
-pytestmark = [pytest.mark.comfyui, pytest.mark.slow, pytest.mark.skipif(not COMFYUI_DIR, reason=why_unavailable())]
+pytestmark = real_comfyui_marks()
 
 
 @pytest.fixture(scope="module")

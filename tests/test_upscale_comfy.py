@@ -13,13 +13,10 @@ import numpy as np
 import pytest
 from comfy_harness.server import HARNESS, REPO, comfyui_python, comfyui_server, prepare_base, submit
 from comfy_harness.upscale_media import audio_payloads, decode_rgb, video_with_audio, yuv420_roundtrip
+from comfy_harness.vendored import real_comfyui_marks
 
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
-pytestmark = [
-    pytest.mark.comfyui,
-    pytest.mark.slow,
-    pytest.mark.skipif(not COMFYUI_DIR, reason="set COMFYUI_DIR to a ComfyUI checkout (and COMFYUI_PYTHON) to run"),
-]
+pytestmark = real_comfyui_marks()
 MODEL = "compact_x2.safetensors"
 H, W, FRAMES = 48, 80, 3
 

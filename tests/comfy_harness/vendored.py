@@ -3,8 +3,8 @@
 `use_prepared_comfyui()` sets `COMFYUI_DIR` to `.comfy/ComfyUI` and `COMFYUI_PYTHON` to
 `.comfy/venv/bin/python` when `COMFYUI_DIR` is unset and the set-up finished (`.comfy/ready`).
 A `COMFYUI_DIR` given by the caller always wins (with its own `COMFYUI_PYTHON`, or the running
-Python). `why_unavailable()` says why there is no ComfyUI, for skip messages.
-Only the standard library is imported here.
+Python). `why_unavailable()` says why there is no ComfyUI, for skip messages; `real_comfyui_marks()` is the
+`pytestmark` of the modules that run it. Only the standard library is imported at module level.
 """
 
 from __future__ import annotations
@@ -29,6 +29,15 @@ def why_unavailable() -> str:
         return unavailable.read_text().strip()
     return ("COMFYUI_DIR is unset and .comfy/ComfyUI is not prepared: run `bash scripts/setup.sh` "
             "(needs ../shared/vendor/comfyui-783545f.tar.gz) or set COMFYUI_DIR (and COMFYUI_PYTHON)")
+
+
+def real_comfyui_marks() -> list:
+    """`pytestmark` of a test module that runs the real ComfyUI: marked comfyui and slow, skipped (saying
+    why) when `COMFYUI_DIR` is unset (tests/conftest.py sets it to the prepared .comfy/ComfyUI)."""
+    import pytest  # here, so the benches that use this module need only the standard library
+
+    return [pytest.mark.comfyui, pytest.mark.slow,
+            pytest.mark.skipif(not os.environ.get("COMFYUI_DIR"), reason=why_unavailable())]
 
 
 def h3_comfyui_root() -> Path | None:
