@@ -115,6 +115,30 @@ def test_corrupt_entries_are_misses_and_only_that_file_goes(tmp_path, make):
     assert torch.equal(tier.get("good")["tensor"], torch.ones(2))
 
 
+def test_a_read_error_is_a_miss_that_keeps_the_entry(tmp_path, monkeypatch, caplog):
+    """An OSError proves nothing about the file (it may be the only copy of a shared entry): kept, logged, counted."""
+    import errno
+    from pathlib import Path
+
+    tier = DiskTier(tmp_path / "t")
+    tier.put("only", torch.arange(4.0))
+    real_read = Path.read_bytes
+
+    def flaky(self):
+        if self.name == "entry-only.safetensors":
+            raise OSError(errno.EIO, "Input/output error")
+        return real_read(self)
+
+    monkeypatch.setattr(Path, "read_bytes", flaky)
+    with caplog.at_level("WARNING", logger="h3director.disk_tier"):
+        assert tier.get("only") is None
+    assert tier.read_errors == 1 and tier.corrupt_removed == 0
+    assert (tmp_path / "t" / "entry-only.safetensors").is_file()
+    assert "entry-only.safetensors" in caplog.text and "kept" in caplog.text
+    monkeypatch.setattr(Path, "read_bytes", real_read)
+    assert torch.equal(tier.get("only")["tensor"], torch.arange(4.0))
+
+
 def test_lru_size_limit_and_age_limit(tmp_path):
     tier = DiskTier(tmp_path / "t")
     size = tier.put("a", torch.zeros(256))

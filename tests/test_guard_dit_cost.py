@@ -50,6 +50,13 @@ for name, patcher, plan in (("stock", base, STOCK),
     guarded.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, GUARD_KEY, make_guard_wrapper(guard))
     w.forward(guarded, torch.float32)
     out[name] = {"seen": guard.seen, "expected": cost(plan, rows, torch.float32), "rows": rows}
+from h3director.comfy.nodes_guard import _forward_rows
+from h3director.errors import H3DirectorError
+try:
+    _forward_rows(model, x, context, {"minimax_payload": {"layout": object()}})
+    out["broken_layout"] = "counted"
+except H3DirectorError as error:
+    out["broken_layout"] = str(error)
 print(json.dumps(out))
 """
 
@@ -69,3 +76,5 @@ def test_guard_prices_the_forward_with_the_ledger_at_the_tier_that_runs():
         assert f"{out[name]['rows']} packed rows" in what
     assert "stock block" in out["stock"]["seen"][0][1] and "4 FFN row chunks" in out["node"]["seen"][0][1]
     assert out["node"]["expected"] < out["stock"]["expected"]
+    # an H3 forward whose rows cannot be counted is refused, never priced without its audio/conditioning rows
+    assert "could not count the packed rows" in out["broken_layout"]

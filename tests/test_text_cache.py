@@ -155,7 +155,7 @@ def test_budget_spills_least_recently_used_to_disk_and_brings_it_back(level3, tm
     assert store.stats().bytes_held <= 1024 * 1024
 
 
-def test_store_budget_unit(tmp_path):
+def test_store_budget_unit(tmp_path, caplog):
     store = SharedTensorStore(disk_tier=DiskTier(tmp_path / "tier"), memory_budget_bytes=3 * 4096)
     for index in range(4):
         store.put(f"k{index}", torch.full((1024,), float(index)), "producer")
@@ -167,8 +167,10 @@ def test_store_budget_unit(tmp_path):
     assert store.release("k2", "producer") == 0               # spilled: no references left
     no_disk = SharedTensorStore(memory_budget_bytes=4096)
     no_disk.put("a", torch.zeros(1024), "p")
-    no_disk.put("b", torch.zeros(1024), "p")
+    with caplog.at_level("WARNING", logger="h3director.shared_store"):
+        no_disk.put("b", torch.zeros(1024), "p")
     assert no_disk.keys() == ["b"] and no_disk.get("a") is None
+    assert no_disk.dropped == 1 and "dropped a (4096 bytes)" in caplog.text   # never silent
     with pytest.raises(InvalidInputError, match="memory_budget_bytes"):
         SharedTensorStore(memory_budget_bytes=0)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
+from h3director.errors import H3DirectorError
 from h3director.geometry import PATCH_SIZE
 from h3director.units import GiB
 
@@ -62,14 +63,22 @@ def dit_shape_of(diffusion_model):
 
 
 def _forward_rows(model, x, context, kwargs) -> int:
-    """Packed rows of the forward: ComfyUI's own `PackedLayout` for the H3 model, else the token count."""
-    if context is not None and getattr(model, "blocks", None) is not None:
-        try:
-            from h3director.integrations.comfy_dit import packed_rows
+    """Packed rows of the forward: ComfyUI's own `PackedLayout` for the H3 model, else the token count.
 
+    For the H3 model a failure to count is an error (`H3DirectorError` naming the cause): falling back to the
+    token count would leave out the audio and conditioning rows and under-price the forward."""
+    from h3director.integrations.comfy_dit import H3_MODEL_CLASS, H3_MODEL_MODULE
+
+    cls = type(model)
+    if context is not None and cls.__name__ == H3_MODEL_CLASS and cls.__module__ == H3_MODEL_MODULE:
+        from h3director.integrations.comfy_dit import packed_rows
+
+        try:
             return packed_rows(model, x, context, kwargs.get("minimax_payload"))
-        except Exception:  # not the H3 layout: fall back to the token count
-            pass
+        except Exception as error:
+            raise H3DirectorError(f"[Director Safety] could not count the packed rows of this H3 forward "
+                                  f"({type(error).__name__}: {error}); refusing to price it without its audio "
+                                  "and conditioning rows") from error
     return forward_tokens(x) + (int(context.shape[1]) if context is not None and context.ndim >= 2 else 0)
 
 

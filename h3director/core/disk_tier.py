@@ -14,7 +14,10 @@ orphaned temporary file (swept later), never a half-written entry.
 
 Reads validate before loading (`h3director.core.safetensors_header.read_header`: header length
 within ``max_header_bytes`` and the file, known dtypes, offsets inside the data and matching the
-shapes, no overlaps). A file that fails is a miss, and (being the tier's own file) is removed.
+shapes, no overlaps). A file that fails validation is proved corrupt: a miss, and (being the tier's own file)
+removed (`corrupt_removed`). A read that fails with an `OSError` (a full or flaky disk, a permission change, an
+NFS hiccup) proves nothing about the file: it is a miss, the file is kept (it may be the only copy of a shared
+entry), the error is logged at WARNING and counted in `read_errors`.
 
 Eviction: least recently used first, by last use (file modification time, refreshed on every read),
 when the total exceeds ``max_bytes``; entries unused for more than ``max_age_s`` are dropped.
@@ -23,6 +26,7 @@ Keys are 1-128 characters of ``[A-Za-z0-9_-]`` (`content_key` produces 64 hex di
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
@@ -38,6 +42,7 @@ from h3director.core.atomic_file import commit
 from h3director.core.safetensors_header import SafetensorsLimits, read_header
 from h3director.errors import H3DirectorError, InvalidInputError
 
+_log = logging.getLogger("h3director.disk_tier")
 MARKER_NAME = ".h3director-disk-tier"
 MARKER_TEXT = "h3director disk tier v1: files named entry-*.safetensors and .tmp-*.partial here belong to it\n"
 _KEY_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
@@ -91,6 +96,7 @@ class DiskTier:
         self.orphan_age_s = orphan_age_s
         self._lock = threading.RLock()
         self.corrupt_removed = 0
+        self.read_errors = 0
         self._claim_folder()
         self.sweep_orphans()
 
@@ -161,7 +167,8 @@ class DiskTier:
         return len(data)
 
     def get(self, key: str) -> dict[str, torch.Tensor] | None:
-        """The tensors stored under ``key``, or None (missing, or corrupt: then the entry is removed)."""
+        """The tensors stored under ``key``, or None: missing; corrupt (the entry is removed); or unreadable now
+        (an `OSError`: the entry is kept, the error logged and counted in `read_errors`)."""
         from safetensors import SafetensorError
         from safetensors.torch import load
 
@@ -172,9 +179,14 @@ class DiskTier:
             try:
                 read_header(path, self._limits)
                 tensors = load(path.read_bytes())
-            except (InvalidInputError, SafetensorError, OSError):
+            except (InvalidInputError, SafetensorError):
                 if self._remove_owned(path):
                     self.corrupt_removed += 1
+                return None
+            except OSError as error:
+                self.read_errors += 1
+                _log.warning("disk tier: could not read %s (%s); the entry is kept and counted as a miss",
+                             path, error)
                 return None
             os.utime(path)  # last use, for LRU and age limits
             return tensors

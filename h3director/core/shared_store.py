@@ -23,7 +23,9 @@ Conventions
 - Memory budget: with ``memory_budget_bytes``, the entries in memory hold at most that many bytes.
   After each put (and each disk hit kept in memory) the least recently used entries (by last put or
   get) leave memory until the rest fits: with a disk tier they are written there first if they are
-  not there already ("spilled") and come back on the next hit; without one they are dropped.
+  not there already ("spilled") and come back on the next hit; without one they are dropped, and each drop
+  is logged at WARNING with the key, its bytes and the budget (the consumer that comes for it will recompute
+  it; `dropped` counts them).
   A spilled entry keeps no references (``release`` of it returns 0); its producer becomes
   ``"disk"`` when it comes back. ``spills`` counts entries that left memory for the budget.
 - ``debug=True`` logs every read and write with owner ids on the ``h3director.shared_store`` logger.
@@ -168,6 +170,7 @@ class SharedTensorStore:
         self._entries: OrderedDict[str, _Entry] = OrderedDict()   # least recently used first
         self._bytes_saved = 0
         self._hits = self._misses = self._disk_hits = self._mutations = self._spills = 0
+        self.dropped = 0                 # entries dropped for the budget without a disk tier (logged at WARNING)
 
     @classmethod
     def from_config(cls, config, disk_dir: str | os.PathLike | None = None) -> SharedTensorStore | None:
@@ -228,6 +231,11 @@ class SharedTensorStore:
                 self.disk.put(key, entry.tensor, metadata={"producer": entry.producer})
             held -= entry.nbytes
             self._spills += 1
+            if self.disk is None:
+                self.dropped += 1
+                log.warning("shared store: dropped %s (%d bytes) to keep within memory_budget_bytes=%d; there is "
+                            "no disk tier to spill it to, so its next reader recomputes it", key, entry.nbytes,
+                            self.memory_budget_bytes)
             self._log("spill" if self.disk is not None else "drop (over budget, no disk tier)", key, None)
 
     @staticmethod
