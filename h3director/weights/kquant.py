@@ -28,7 +28,8 @@ ever clipped, and codes are rounded to nearest. That gives a guaranteed bound on
   ``|x - decoded| <= S_j / 2`` (plus float32 rounding of the decoder's multiply and subtract).
 
 So the error per value is at most half the stored step, and the stored step exceeds the ideal one by at
-most ``d`` (the rounding of the sub-block scale to its integer code): RMS error of uniform noise,
+most ``d`` (the rounding of the sub-block scale to its integer code; ``d`` and ``dmin`` are at least float16's
+smallest step, 2^-24, so a block of values below about 1e-6 is quantised in steps of at least 6e-8): RMS error of uniform noise,
 ``S / sqrt(12)``, orders Q6_K (``S ~ max|x| / 31`` over 16 values) < Q5_K (``range / 31``) < Q4_K
 (``range / 15``). llama.cpp's encoders search the scales (and clip outliers) for a lower RMS error; files
 written here are valid K-quant files with a somewhat higher error and a hard per-value bound.
