@@ -47,7 +47,7 @@ def encoder(name: str):
     import gguf
 
     if name in kquant.ENCODERS:
-        return kquant.ENCODERS[name]
+        return lambda values: kquant.quantize(values, name)
     return lambda values: gguf.quants.quantize(values, gguf.GGMLQuantizationType[name])
 
 

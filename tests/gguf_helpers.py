@@ -1,5 +1,5 @@
 """Shared by tests/test_gguf_*.py and their ComfyUI worker: tiny H3 GGUF files written with gguf's own
-`GGUFWriter` and `gguf.quants.quantize` (Q4_K: the project's encoder, gguf has none), and their dequantised
+`GGUFWriter` and `gguf.quants.quantize` (K-quants: the project's encoders, gguf has none), and their dequantised
 state dicts (`gguf.quants.dequantize`, the reference decoder).
 
 Only numpy, torch and gguf are imported at the top (the ComfyUI worker imports this file too); `converted_gguf`
@@ -33,13 +33,13 @@ def quantisable(name: str, value: torch.Tensor, qtype) -> bool:
 
 
 def quantize(array: np.ndarray, qtype) -> np.ndarray:
-    """gguf's quantiser, or the project's Q4_K encoder (`h3director.weights.kquant`; gguf has none)."""
+    """gguf's quantiser, or the project's K-quant encoders (`h3director.weights.kquant`; gguf has none)."""
     import gguf
 
-    if qtype == gguf.GGMLQuantizationType.Q4_K:
-        from h3director.weights.kquant import quantize_q4_k
+    from h3director.weights import kquant
 
-        return quantize_q4_k(array)
+    if qtype.name in kquant.ENCODERS:
+        return kquant.quantize(array, qtype.name)
     return gguf.quants.quantize(array, qtype)
 
 

@@ -148,3 +148,13 @@ def test_q4_k_m_follows_llama_cpps_layer_choice():
         "blocks.0.attn.qkv_proj.weight", "blocks.0.mlp.fc2.weight", "blocks.8.attn.qkv_proj.weight",
         "token_refiner.blocks.1.mlp.fc2.weight"]
     assert {"Q6_K", "Q5_K", "Q4_K", "Q4_K_M", "Q8_0"} <= set(TYPES)
+
+
+@pytest.mark.parametrize("type_name", K_TYPES)
+def test_chunked_encoding_equals_one_call(monkeypatch, type_name):
+    x = _cases()["normal"][:5]                       # 20 blocks: chunks of 3 leave a partial last chunk
+    whole = kquant.ENCODERS[type_name](x)
+    monkeypatch.setattr(kquant, "CHUNK_BLOCKS", 3)
+    chunked = kquant.quantize(x.reshape(5, 2, 512), type_name)
+    assert chunked.shape == (5, 2, 2 * kquant.BLOCK_BYTES[type_name])
+    assert np.array_equal(chunked.reshape(whole.shape), whole)

@@ -45,6 +45,7 @@ from h3director.errors import InvalidInputError
 
 QK_K = 256
 BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+CHUNK_BLOCKS = 1 << 14  # 4 Mi values (16 MiB of float32) per encoder call in `quantize`
 
 
 def _rows(values: np.ndarray, name: str, sub: int) -> np.ndarray:
@@ -155,7 +156,16 @@ ENCODERS = {"Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k, "Q6_K": quantize_q6_k}
 
 
 def quantize(values: np.ndarray, qtype_name: str) -> np.ndarray:
-    """Encode `values` as `qtype_name` (one of `ENCODERS`)."""
+    """Encode float32 `values` (..., k), k a multiple of 256, as `qtype_name` (one of `ENCODERS`): uint8
+    (..., k / 256 * block bytes). Works through `CHUNK_BLOCKS` blocks at a time, so the encoder's temporaries
+    stay a few times 16 MiB whatever the tensor's size (the output is the only full-size allocation)."""
     if qtype_name not in ENCODERS:
         raise InvalidInputError(f"no encoder for {qtype_name}; this module writes {', '.join(ENCODERS)}")
-    return ENCODERS[qtype_name](values)
+    values = np.asarray(values, dtype=np.float32)
+    if values.ndim == 0 or values.shape[-1] % QK_K:
+        raise InvalidInputError(f"{qtype_name} needs rows of whole {QK_K}-value blocks, got shape {list(values.shape)}")
+    blocks = values.reshape(-1, QK_K)
+    out = np.empty((blocks.shape[0], BLOCK_BYTES[qtype_name]), dtype=np.uint8)
+    for start in range(0, blocks.shape[0], CHUNK_BLOCKS):
+        out[start:start + CHUNK_BLOCKS] = ENCODERS[qtype_name](blocks[start:start + CHUNK_BLOCKS])
+    return out.reshape(*values.shape[:-1], -1)
