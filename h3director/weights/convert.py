@@ -54,11 +54,6 @@ _MIXED_STACKS = ("token_refiner.blocks.", "blocks.")  # longest first
 _MIXED_ROLES = ("attn.qkv_proj.weight", "mlp.fc2.weight")  # value (fused qkv), FFN down
 
 
-def quantisable_types() -> tuple[str, ...]:
-    """Every `--type` `convert` accepts (`TYPES`): types it encodes that both loaders decode, and the mixes."""
-    return TYPES
-
-
 def use_more_bits(index: int, count: int) -> bool:
     """llama.cpp's layer choice for its _M mixes: the first and last eighth of `count` layers and every third
     layer between them (about half)."""

@@ -89,7 +89,8 @@ def _keyed(names) -> dict[tuple[str, str], list[str]]:
 def pair_names(here, there) -> dict[str, str]:
     """Each name of `here` -> its counterpart in `there` (absent when none): the same name, else the same
     component and bare name (see the module docstring). No name of `there` is used twice."""
-    pairs = {name: name for name in here if name in there}
+    there_names = set(there)
+    pairs = {name: name for name in here if name in there_names}
     used = set(pairs.values())
     by_key = _keyed(there)
     for key, names in _keyed(here).items():
