@@ -10,7 +10,7 @@
    - `gguf.quants.dequantize` (the reference),
    median of --repeats runs after a warm-up (gguf: one run); every output is checked bit for bit against
    gguf's. Ratios are the result; the absolute times are this machine's.
-2. memory: a real GGUF of a few hundred MB written by `h3director weights convert` (one H3 block at the
+2. memory: a real GGUF of a few hundred MB written by `h3director weights convert` (a one-block H3 DiT at the
    released widths, bf16 safetensors -> Q8_0), then in a fresh process: RSS before and after
    `open_gguf` (the check: the increase is <= 5% of the file size), and the peak RSS above that while
    dequantising the largest layer into a preallocated buffer (the per-layer peak: one layer's output).
@@ -74,16 +74,29 @@ def bench_speed(args) -> list[str]:
 
 
 def _write_block_file(folder: Path) -> Path:
-    """One H3 block at the released widths (comfy keys), bf16 safetensors, written tensor by tensor."""
+    """A one-block H3 DiT at the released widths (every tensor of ComfyUI's model, so `convert` takes it; time
+    embedding width 256 and text width 5120 assumed), bf16 safetensors."""
     from safetensors.torch import save_file
 
+    from h3director.weights.h3_keys import comfy_dit_keys
+
     g = torch.Generator().manual_seed(0)
-    shapes = {"video_patch_proj.weight": (5376, 96), "audio_patch_proj.weight": (5376, 32),
-              "blocks.0.attn.qkv_proj.weight": (21504, 5376), "blocks.0.mlp.fc1.weight": (28672, 5376),
-              "blocks.0.mlp.fc2.weight": (5376, 14336), "blocks.0.attn.q_norm.weight": (128,)}
+    hidden, t_dim = 5376, 256
+    shapes = {"video_patch_proj.weight": (hidden, 96), "audio_patch_proj.weight": (hidden, 32),
+              "condition_proj.weight": (hidden, 5120), "rope.inv_freq": (64,),
+              "time_embedder.proj_in.weight": (512, 256), "time_embedder.proj_in.bias": (512,),
+              "time_embedder.proj_out.weight": (t_dim, 512), "time_embedder.proj_out.bias": (t_dim,),
+              "final_layer.adaln_proj.linear.weight": (2 * hidden, t_dim),
+              "final_layer.adaln_proj.linear.bias": (2 * hidden,), "final_layer.video_out.weight": (96, hidden),
+              "final_layer.video_out.bias": (96,), "final_layer.audio_out.weight": (32, hidden),
+              "final_layer.audio_out.bias": (32,), "blocks.0.attn.qkv_proj.weight": (21504, hidden),
+              "blocks.0.attn.out_proj.weight": (hidden, 7168), "blocks.0.mlp.fc1.weight": (28672, hidden),
+              "blocks.0.mlp.fc2.weight": (hidden, 14336), "blocks.0.attn.q_norm.weight": (128,),
+              "blocks.0.attn.k_norm.weight": (128,), "blocks.0.adaln_proj.linear.weight": (18 * hidden, t_dim),
+              "blocks.0.adaln_proj.linear.bias": (18 * hidden,)}
     state = {}
-    for name, shape in shapes.items():
-        t = torch.empty(shape, dtype=torch.bfloat16)
+    for name in sorted(comfy_dit_keys({"blocks.0.norm1.weight"})):
+        t = torch.empty(shapes.get(name, (hidden,)), dtype=torch.bfloat16)
         t.normal_(0, 0.02, generator=g)
         state[name] = t
     path = folder / "h3_block.safetensors"

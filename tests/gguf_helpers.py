@@ -1,8 +1,9 @@
 """Shared by tests/test_gguf_*.py and their ComfyUI worker: tiny H3 GGUF files written with gguf's own
-`GGUFWriter` and `gguf.quants.quantize` (Q4_K: the project's encoder, gguf has none), and their dequantised
+`GGUFWriter` and `gguf.quants.quantize` (K-quants: the project's encoders, gguf has none), and their dequantised
 state dicts (`gguf.quants.dequantize`, the reference decoder).
 
-Only numpy, torch and gguf are imported here (the ComfyUI worker imports this file too).
+Only numpy, torch and gguf are imported at the top (the ComfyUI worker imports this file too); `converted_gguf`
+imports safetensors and h3director when called.
 """
 
 from __future__ import annotations
@@ -32,13 +33,13 @@ def quantisable(name: str, value: torch.Tensor, qtype) -> bool:
 
 
 def quantize(array: np.ndarray, qtype) -> np.ndarray:
-    """gguf's quantiser, or the project's Q4_K encoder (`h3director.weights.kquant`; gguf has none)."""
+    """gguf's quantiser, or the project's K-quant encoders (`h3director.weights.kquant`; gguf has none)."""
     import gguf
 
-    if qtype == gguf.GGMLQuantizationType.Q4_K:
-        from h3director.weights.kquant import quantize_q4_k
+    from h3director.weights import kquant
 
-        return quantize_q4_k(array)
+    if qtype.name in kquant.ENCODERS:
+        return kquant.quantize(array, qtype.name)
     return gguf.quants.quantize(array, qtype)
 
 
@@ -78,10 +79,72 @@ def comfy_state_dict(h3, seed: int = 0, curve: bool = False) -> dict[str, torch.
     return sd
 
 
+def converted_gguf(sd: dict[str, torch.Tensor], folder, type_name: str) -> tuple[str, dict]:
+    """Save `sd` (ComfyUI keys) as safetensors in `folder`, convert it with `h3director weights convert`'s
+    library call to `type_name` (e.g. "Q4_K_M"), and return (the GGUF's path, {name: the float32 tensor the
+    file holds, decoded by `gguf.quants.dequantize`} for every tensor)."""
+    import os
+
+    import gguf
+    from safetensors.torch import save_file
+
+    from h3director.weights.convert import convert
+    from h3director.weights.gguf_file import open_gguf
+
+    source = os.path.join(str(folder), f"h3-{type_name}-source.safetensors")
+    save_file({k: v.contiguous() for k, v in sd.items()}, source)
+    out = os.path.join(str(folder), f"h3-convert-{type_name}.gguf")
+    convert(source, out, type_name)
+    held = {}
+    with open_gguf(out) as f:
+        for name, info in f.tensors.items():
+            if info.qtype.name in ("F32", "F16", "BF16"):
+                held[name] = sd[name].detach().to(torch.float32).clone()
+            else:
+                rows = np.array(info.raw).reshape(info.shape[0], -1)
+                held[name] = torch.from_numpy(gguf.quants.dequantize(rows, info.qtype).copy()).reshape(info.shape)
+    return out, held
+
+
+def comfy_keyed(model) -> dict[str, torch.Tensor]:
+    """A diffusers `MiniMaxH3Transformer3DModel`'s weights in ComfyUI's single-file layout (the inverse of
+    diffusers' conversion)."""
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    out = {"rope.inv_freq": model.rope.inv_freq.detach().clone()}
+    renames = [("token_refiner.refiner_blocks.", "token_refiner.blocks."), ("time_embedder.linear_1.", "time_embedder.proj_in."),
+               ("time_embedder.linear_2.", "time_embedder.proj_out."), ("audio_proj_in.", "audio_patch_proj."),
+               ("context_embedder.", "condition_proj."), ("norm_out.norm.", "final_layer.norm."),
+               ("norm_out.linear.", "final_layer.adaln_proj.linear."), ("audio_proj_out.", "final_layer.audio_out."),
+               (".attn.norm_q.", ".attn.q_norm."), (".attn.norm_k.", ".attn.k_norm."), (".attn.to_out.0.", ".attn.out_proj."),
+               (".ff.net.0.proj.", ".mlp.fc1."), (".ff.net.2.", ".mlp.fc2.")]
+    for key in list(sd):
+        if ".attn.to_k." in key or ".attn.to_v." in key:
+            continue
+        value = sd[key]
+        new = key.replace("transformer_blocks.", "blocks.", 1) if key.startswith("transformer_blocks.") else key
+        if new.startswith("proj_in."):
+            new = "video_patch_proj." + new[len("proj_in."):]
+        elif new.startswith("proj_out."):
+            new = "final_layer.video_out." + new[len("proj_out."):]
+        for a, b in renames:
+            new = new.replace(a, b)
+        if ".attn.to_q." in key:
+            stem = key.split(".attn.to_q.")[0]
+            value = torch.cat([sd[f"{stem}.attn.to_q.weight"], sd[f"{stem}.attn.to_k.weight"],
+                               sd[f"{stem}.attn.to_v.weight"]])
+            new = new.replace(".attn.to_q.", ".attn.qkv_proj.")
+        if ".mlp.fc1." in new:
+            value_half, gate = value.chunk(2)
+            value = torch.cat([gate, value_half])
+        out[new] = value
+    return out
+
+
 def truncate(path, keep_bytes: int) -> None:
     data = open(path, "rb").read()
     with open(path, "wb") as f:
         f.write(data[:keep_bytes])
 
 
-__all__ = ["CONFIG", "CURVE_GRID", "comfy_state_dict", "np", "quantisable", "truncate", "write_gguf"]
+__all__ = ["CONFIG", "CURVE_GRID", "comfy_keyed", "comfy_state_dict", "converted_gguf", "np", "quantisable", "truncate",
+           "write_gguf"]

@@ -19,7 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "comfy_harness" / "gguf_worker.py"
 CHECKS = [f"exact/{q}/{d}" for q in ("Q8_0", "Q4_0", "Q5_1", "Q4_K") for d in ("float32", "bfloat16")] + [
-    "exact/curve-form-Q8_0", "accepts/wan-label-and-prefix", "refuse/architecture-truncated-missing",
+    "exact/curve-form-Q8_0", "convert/Q6_K", "convert/Q5_K", "convert/Q4_K_M", "accepts/wan-label-and-prefix", "refuse/architecture-truncated-missing",
     "lora/full-load-on-the-fly", "lora/lowvram-weight-function", "compose/dit-memory-node",
     "memory/per-layer-dequant-peak", "memory/quantised-weights-view-the-map", "node/lists-loads-refuses"]
 

@@ -25,37 +25,7 @@ DIFFUSERS_CONFIG = dict(num_attention_heads=4, attention_head_dim=64, hidden_siz
                         freq_dim=32, time_embed_hidden_dim=64, time_embed_dim=256, rope_freq_dim=4)
 
 
-def comfy_keyed(model) -> dict[str, torch.Tensor]:
-    """The diffusers model's weights in ComfyUI's single-file layout (the inverse of diffusers' conversion)."""
-    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    out = {"rope.inv_freq": model.rope.inv_freq.detach().clone()}
-    renames = [("token_refiner.refiner_blocks.", "token_refiner.blocks."), ("time_embedder.linear_1.", "time_embedder.proj_in."),
-               ("time_embedder.linear_2.", "time_embedder.proj_out."), ("audio_proj_in.", "audio_patch_proj."),
-               ("context_embedder.", "condition_proj."), ("norm_out.norm.", "final_layer.norm."),
-               ("norm_out.linear.", "final_layer.adaln_proj.linear."), ("audio_proj_out.", "final_layer.audio_out."),
-               (".attn.norm_q.", ".attn.q_norm."), (".attn.norm_k.", ".attn.k_norm."), (".attn.to_out.0.", ".attn.out_proj."),
-               (".ff.net.0.proj.", ".mlp.fc1."), (".ff.net.2.", ".mlp.fc2.")]
-    for key in list(sd):
-        if ".attn.to_k." in key or ".attn.to_v." in key:
-            continue
-        value = sd[key]
-        new = key.replace("transformer_blocks.", "blocks.", 1) if key.startswith("transformer_blocks.") else key
-        if new.startswith("proj_in."):
-            new = "video_patch_proj." + new[len("proj_in."):]
-        elif new.startswith("proj_out."):
-            new = "final_layer.video_out." + new[len("proj_out."):]
-        for a, b in renames:
-            new = new.replace(a, b)
-        if ".attn.to_q." in key:
-            stem = key.split(".attn.to_q.")[0]
-            value = torch.cat([sd[f"{stem}.attn.to_q.weight"], sd[f"{stem}.attn.to_k.weight"],
-                               sd[f"{stem}.attn.to_v.weight"]])
-            new = new.replace(".attn.to_q.", ".attn.qkv_proj.")
-        if ".mlp.fc1." in new:
-            value_half, gate = value.chunk(2)
-            value = torch.cat([gate, value_half])
-        out[new] = value
-    return out
+comfy_keyed = gh.comfy_keyed
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +68,33 @@ def test_gguf_equals_model_from_dequantised_weights(reference_model, tmp_path, q
     assert not unexpected and set(missing) <= {"rope.inv_freq"}
     quantised = [m for m in ours.modules() if type(m).__name__ == "GGUFLinear" and m.weight.dtype == torch.uint8]
     assert len(quantised) >= 10  # linears really kept quantised
+    with torch.no_grad():
+        got, expected, original = ours(**inputs(ours)), plain(**inputs(plain)), reference_model(**inputs(plain))
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(got, original, strict=True))  # quantisation changed the weights
+
+
+@pytest.mark.parametrize("type_name", ["Q6_K", "Q5_K", "Q4_K_M"])
+def test_converted_k_quants_equal_model_from_dequantised_weights(reference_model, tmp_path, type_name):
+    """A real tiny H3 DiT (ComfyUI keys) through `weights convert` -> `load_h3_transformer_gguf`: the same outputs
+    as diffusers' plain model holding the file's tensors as decoded by gguf's reference dequantiser."""
+    from diffusers import MiniMaxH3Transformer3DModel
+    from diffusers.loaders.single_file_utils import convert_minimax_h3_transformer_checkpoint_to_diffusers
+
+    from h3director.integrations.diffusers_gguf import load_h3_transformer_gguf
+    from h3director.weights.gguf_file import open_gguf
+
+    path, held = gh.converted_gguf(comfy_keyed(reference_model), tmp_path, type_name)
+    with open_gguf(path) as f:
+        types = {info.qtype.name for info in f.tensors.values()} - {"F32"}
+    assert types == ({"Q4_K", "Q6_K"} if type_name == "Q4_K_M" else {type_name})
+    ours = load_h3_transformer_gguf(path, torch_dtype=torch.float32)
+    plain = MiniMaxH3Transformer3DModel(**DIFFUSERS_CONFIG).eval()
+    converted = convert_minimax_h3_transformer_checkpoint_to_diffusers(dict(held), DIFFUSERS_CONFIG)
+    missing, unexpected = plain.load_state_dict(converted, strict=False)
+    assert not unexpected and set(missing) <= {"rope.inv_freq"}
+    quantised = [m for m in ours.modules() if type(m).__name__ == "GGUFLinear" and m.weight.dtype == torch.uint8]
+    assert {m.weight.quant_type.name for m in quantised} == types
     with torch.no_grad():
         got, expected, original = ours(**inputs(ours)), plain(**inputs(plain)), reference_model(**inputs(plain))
     assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))

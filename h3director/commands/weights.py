@@ -21,7 +21,10 @@ from h3director.units import format_size, parse_size
 
 HELP = "Inspect, convert (safetensors -> GGUF), slim and verify weight files."
 REFERENCE_JOB = (1280, 704, 124)  # the job `inspect --vram` prices by default (width, height, frames)
-PLANNER_FORMATS = {"Q8_0": "q8_0", "Q5_K": "q5_k", "Q4_K": "q4_k", "BF16": "bf16", "F16": "fp16", "F32": "fp32"}
+PLANNER_FORMATS = {"Q8_0": "q8_0", "Q6_K": "q6_k", "Q5_K": "q5_k", "Q4_K": "q4_k", "BF16": "bf16", "F16": "fp16",
+                   "F32": "fp32"}
+# `weights.convert.TYPES`, spelled out so that building the parser imports nothing (a test keeps them equal)
+CONVERT_TYPES = ("Q8_0", "Q6_K", "Q5_K", "Q4_K", "Q4_K_M", "Q5_1", "Q5_0", "Q4_1", "Q4_0", "BF16", "F16", "F32")
 RELEASED_HIDDEN = 5376
 
 
@@ -38,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("convert", help="safetensors H3 DiT -> GGUF, one tensor in memory at a time")
     p.add_argument("input")
-    p.add_argument("--type", required=True, help="GGML type, e.g. Q8_0, Q5_0, Q4_0, Q4_K, F16, BF16")
+    p.add_argument("--type", required=True, help=f"GGML type or mix: {', '.join(CONVERT_TYPES)} (case-insensitive)")
     p.add_argument("--out", required=True, help="output .gguf")
 
     p = sub.add_parser("slim", help="extract components of a safetensors checkpoint, optionally cast")
@@ -111,10 +114,12 @@ def _fits(summary: dict, args: argparse.Namespace) -> dict:
             int(result["offload_blocks"] * per_block)
         if result["offload_host_bytes"] is not None and result["offload_host_bytes"] > budget.host_usable:
             result["offload_blocks"] = result["offload_host_bytes"] = None  # the offloaded blocks do not fit RAM
+    from h3director.plan.formats import FORMATS
+
     fmt = _dit_format(summary)
-    if fmt is None or dit["hidden"] != RELEASED_HIDDEN:
+    if fmt not in FORMATS or dit["hidden"] != RELEASED_HIDDEN:
         result["planner"] = ("not priced: the planner models the released DiT widths and formats "
-                             f"{', '.join(sorted(set(PLANNER_FORMATS.values())))}; this file is "
+                             f"{', '.join(sorted(set(PLANNER_FORMATS.values()) & set(FORMATS)))}; this file is "
                              f"{fmt or 'another format'} at hidden {dit['hidden']}")
         return result
     request = PlanRequest(args.width, args.height, args.frames, weights=fmt, dit_config={"num_layers": dit["blocks"]})
@@ -192,6 +197,7 @@ def _inspect_text(s: dict) -> str:
 def _convert(args: argparse.Namespace) -> int:
     from h3director.core.atomic_file import check_output_path
     from h3director.weights.convert import convert
+    from h3director.weights.h3_keys import LOADERS
 
     out = check_output_path(args.out, (".gguf",), "weights convert")
 
@@ -213,6 +219,7 @@ def _convert(args: argparse.Namespace) -> int:
         print(f"  {count:>6} tensors  {format_size(nbytes):>10}  {name}")
     if plan.dropped:
         print(f"  left out (not the DiT): {len(plan.dropped)} tensors, {format_size(sum(plan.dropped.values()))}")
+    print(f"  loads with {LOADERS}")
     return 0
 
 
@@ -245,7 +252,7 @@ def _verify(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "path": report.path, "format": report.kind, "against": report.against, "ok": report.ok,
-            "tensors": [vars(t) for t in report.tensors], "only_here": report.only_here,
+            "checked": len(report.tensors), "tensors": [vars(t) for t in report.tensors], "only_here": report.only_here,
             "only_there": report.only_there}, indent=2))
     else:
         print(summary_line(report))

@@ -4,12 +4,25 @@ Conventions (those ComfyUI-GGUF's loader reads):
 
 - ``general.architecture = "minimax_h3"``; tensor names are the DiT's own keys (an all-in-one checkpoint's
   ``model.diffusion_model.`` prefix is removed; its other components are left out and listed in the summary);
+- before anything is written, the DiT's keys are checked against what the project's GGUF loaders read
+  (`h3_keys.loader_key_problem`: ComfyUI's layout, exactly ComfyUI's `MiniMaxH3Model` tensors); a
+  diffusers-keyed or incomplete checkpoint is refused, naming offending keys;
 - tensors the loaders use as stored (`h3_keys.HIGH_PRECISION_PATTERNS`) and every 1-D tensor keep their
   stored float type (F32, F16 or BF16; float8 is widened to F16, which is exact);
-- matrices are quantised to the requested type by ``gguf.quants.quantize``, or by `kquant` for Q4_K (gguf
-  has no K-quant encoder); a matrix whose rows do not hold whole blocks keeps its stored type (listed);
-- a tensor of more than 4 dims (ggml's limit) is stored flattened to 2-D, with its torch shape in
-  ``comfy.gguf.orig_shape.<name>`` (an INT32 array).
+- matrices are quantised to the requested type by ``gguf.quants.quantize``, or by `kquant` for the K-quants
+  (Q4_K, Q5_K, Q6_K; gguf has no K-quant encoder); a matrix whose rows do not hold whole blocks keeps its
+  stored type (listed). `TYPES` lists what ``--type`` accepts: the types both loaders decode;
+- ``Q4_K_M`` is a per-tensor mix, the analogue of llama.cpp's (``LLAMA_FTYPE_MOSTLY_Q4_K_M`` in
+  ``llama_tensor_get_type``): there, attention-value tensors (``attn_v``, and a fused ``attn_qkv``, which it
+  classes with them) and ``ffn_down`` are Q6_K in the layers where ``use_more_bits(i, n)`` holds (``i < n/8``
+  or ``i >= 7n/8`` or ``(i - n/8) % 3 == 2``, integer division: the first and last eighth and every third
+  layer between, about half of them), the output matrix Q6_K, everything else Q4_K. For H3: a block's fused
+  ``attn.qkv_proj`` (it holds the value projection) and ``mlp.fc2`` (the FFN down projection) are Q6_K in
+  the blocks chosen by ``use_more_bits(block, blocks)``, counted separately for ``blocks.N`` and
+  ``token_refiner.blocks.N``; every other quantised matrix is Q4_K (the output heads are kept as stored
+  already). Each tensor's type is recorded in the GGUF tensor table as usual; ``h3director.convert.type``
+  says ``Q4_K_M``;
+- a tensor of more than 4 dims (ggml's limit) is refused (ComfyUI's H3 model has none).
 
 `plan_conversion` decides every tensor's output type from the header alone; `convert` writes the file.
 """
@@ -27,29 +40,35 @@ import numpy as np
 from h3director.core.atomic_file import atomic_path
 from h3director.errors import InvalidInputError
 from h3director.weights.files import SafetensorsWeights
-from h3director.weights.gguf_file import ORIG_SHAPE_PREFIX
-from h3director.weights.h3_keys import detect_h3, is_high_precision
+from h3director.weights.h3_keys import detect_h3, is_high_precision, loader_key_problem
 
 ARCHITECTURE = "minimax_h3"
 MAX_GGML_DIMS = 4
 _STORED = {"F32": "F32", "F16": "F16", "BF16": "BF16", "F8_E4M3": "F16", "F8_E5M2": "F16", "F64": "F32",
            "I8": "I8", "I16": "I16", "I32": "I32", "I64": "I64"}
-_OWN_ENCODERS = ("Q4_K",)
+_OWN_ENCODERS = ("Q4_K", "Q5_K", "Q6_K")  # weights.kquant
+_GGUF_ENCODERS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")  # gguf.quants.quantize
+MIXES = {"Q4_K_M": ("Q4_K", "Q6_K")}  # mix -> (base type, upgraded type)
+TYPES = _GGUF_ENCODERS + _OWN_ENCODERS + tuple(MIXES)  # what --type accepts (case-insensitive)
+_MIXED_STACKS = ("token_refiner.blocks.", "blocks.")  # longest first
+_MIXED_ROLES = ("attn.qkv_proj.weight", "mlp.fc2.weight")  # value (fused qkv), FFN down
 
 
-def quantisable_types() -> tuple[str, ...]:
-    """Every GGML type `convert` can write: those ``gguf.quants.quantize`` implements, plus `kquant`'s."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+def use_more_bits(index: int, count: int) -> bool:
+    """llama.cpp's layer choice for its _M mixes: the first and last eighth of `count` layers and every third
+    layer between them (about half)."""
+    return index < count // 8 or index >= 7 * count // 8 or (index - count // 8) % 3 == 2
 
-    found = []
-    for qtype in GGMLQuantizationType:
-        block = GGML_QUANT_SIZES[qtype][0]
-        try:
-            quants.quantize(np.zeros((1, max(block, 256)), np.float32), qtype)
-        except (NotImplementedError, ValueError, AssertionError):
-            continue
-        found.append(qtype.name)
-    return tuple(found) + tuple(t for t in _OWN_ENCODERS if t not in found)
+
+def mix_type(out_name: str, base: str, upgraded: str, counts: dict[str, int]) -> str:
+    """The type of quantisable matrix `out_name` in a mix (see the module docstring); `counts`: blocks per stack."""
+    for stack in _MIXED_STACKS:
+        if out_name.startswith(stack):
+            index, _, role = out_name[len(stack):].partition(".")
+            if role in _MIXED_ROLES and index.isdigit() and use_more_bits(int(index), counts[stack]):
+                return upgraded
+            return base
+    return base
 
 
 @dataclass(frozen=True)
@@ -86,9 +105,17 @@ def plan_conversion(source: SafetensorsWeights, target: str) -> ConversionPlan:
     """Decide each tensor's output from the validated header (no tensor data read)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    found = detect_h3(source.entries, None, where=repr(str(source.path)))
+    where = repr(str(source.path))
+    found = detect_h3(source.entries, None, where=where)
+    dit_names = [n[len(found.prefix):] for n in source.entries if n.startswith(found.prefix)]
+    problem = loader_key_problem(dit_names, found)
+    if problem:
+        raise InvalidInputError(f"{where}: {problem}; nothing written")
     plan = ConversionPlan(target, key_style=found.key_style, curve_form=found.curve_form)
-    block = GGML_QUANT_SIZES[GGMLQuantizationType[target]][0]
+    base, upgraded = MIXES.get(target, (target, target))
+    counts = {stack: len({n[len(stack):].split(".", 1)[0] for n in dit_names if n.startswith(stack)})
+              for stack in _MIXED_STACKS}
+    block = max(GGML_QUANT_SIZES[GGMLQuantizationType[t]][0] for t in (base, upgraded))
     for entry in source.entries.values():
         if not entry.name.startswith(found.prefix):
             plan.dropped[entry.name] = entry.nbytes
@@ -99,7 +126,10 @@ def plan_conversion(source: SafetensorsWeights, target: str) -> ConversionPlan:
                                     "GGUF cannot store")
         stored = _STORED[entry.type]
         shape = entry.shape or (1,)
-        write_shape = shape if len(shape) <= MAX_GGML_DIMS else (shape[0], math.prod(shape[1:]))
+        if len(shape) > MAX_GGML_DIMS:
+            raise InvalidInputError(f"{where}: tensor {entry.name!r} has {len(shape)} dims, more than GGUF's "
+                                    f"{MAX_GGML_DIMS}; nothing written")
+        write_shape = shape
         floating = entry.type.startswith(("F", "BF"))
         if not floating:
             out, reason = stored, "integer tensor, kept"
@@ -109,6 +139,9 @@ def plan_conversion(source: SafetensorsWeights, target: str) -> ConversionPlan:
             out, reason = stored, "1-D, kept as stored"
         elif write_shape[-1] % block:
             out, reason = stored, f"rows of {write_shape[-1]} are not whole {block}-value blocks, kept as stored"
+        elif upgraded != base:
+            out = mix_type(out_name, base, upgraded, counts)
+            reason = f"quantised ({target}: {'value/FFN-down, more bits' if out == upgraded else 'base'})"
         else:
             out, reason = target, "quantised"
         plan.tensors.append(TensorPlan(entry.name, out_name, shape, entry.type, out, write_shape,
@@ -136,15 +169,11 @@ def _encode(tensor, item: TensorPlan) -> np.ndarray:
         return values
     if item.out_type == "F16":
         return values.astype(np.float16)
-    if item.out_type in _OWN_ENCODERS and item.out_type not in _gguf_native():
+    if item.out_type in _OWN_ENCODERS:
         from h3director.weights import kquant
 
         return kquant.quantize(values, item.out_type)
     return quants.quantize(values, GGMLQuantizationType[item.out_type])
-
-
-def _gguf_native() -> tuple[str, ...]:
-    return tuple(t for t in quantisable_types() if t not in _OWN_ENCODERS)
 
 
 def convert(in_path: str | os.PathLike, out_path: str | os.PathLike, target: str,
@@ -154,13 +183,12 @@ def convert(in_path: str | os.PathLike, out_path: str | os.PathLike, target: str
     Streams: the tensor table is written first from the plan, then each tensor is loaded, encoded and
     appended before the next is read. The output appears under its final name only when complete.
     """
-    from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFValueType, GGUFWriter
+    from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFWriter
 
     target = target.upper()
-    types = quantisable_types()
-    if target not in types:
+    if target not in TYPES:
         raise InvalidInputError(f"--type {target!r} is not a type the quantiser writes; expected one of "
-                                f"{', '.join(types)}")
+                                f"{', '.join(TYPES)}")
     out_path = Path(out_path)
     with SafetensorsWeights(Path(in_path)) as source:
         plan = plan_conversion(source, target)
@@ -170,10 +198,6 @@ def convert(in_path: str | os.PathLike, out_path: str | os.PathLike, target: str
             writer.add_string("general.name", Path(in_path).stem)
             writer.add_string("h3director.convert.type", target)
             for item in plan.tensors:
-                if item.write_shape != item.shape:
-                    # ComfyUI-GGUF reads orig_shape as an array of INT32
-                    writer.add_key_value(ORIG_SHAPE_PREFIX + item.out_name, [int(d) for d in item.shape],
-                                         GGUFValueType.ARRAY, sub_type=GGUFValueType.INT32)
                 qtype = GGMLQuantizationType[item.out_type]
                 if item.out_type in ("F32", "F16", "I8", "I16", "I32", "I64"):
                     dtype = {"F32": np.float32, "F16": np.float16, "I8": np.int8, "I16": np.int16,

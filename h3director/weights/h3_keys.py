@@ -137,3 +137,63 @@ def split_components(tensor_names: Iterable[str]) -> dict[str, list[str]]:
     else:
         groups.setdefault("other", []).extend(rest)
     return groups
+
+
+# ComfyUI's `MiniMaxH3Model` state dict (the layout both of the project's GGUF loaders read: the ComfyUI loader
+# assigns exactly these tensors, the diffusers loader converts them with diffusers' single-file H3 conversion).
+COMFY_TOP_KEYS = ("video_patch_proj.weight", "video_patch_proj.bias", "audio_patch_proj.weight", "audio_patch_proj.bias",
+                  "condition_proj.weight", "condition_proj.bias", "rope.inv_freq", "token_refiner.final_norm.weight",
+                  "final_layer.norm.weight", "final_layer.adaln_proj.linear.weight",
+                  "final_layer.adaln_proj.linear.bias", "final_layer.video_out.weight", "final_layer.video_out.bias",
+                  "final_layer.audio_out.weight", "final_layer.audio_out.bias")
+COMFY_TIME_EMBEDDER_KEYS = ("time_embedder.proj_in.weight", "time_embedder.proj_in.bias",
+                            "time_embedder.proj_out.weight", "time_embedder.proj_out.bias")
+COMFY_CURVE_KEYS = ("adaln_t_table",)
+_ATTN_MLP = ("norm1.weight", "norm2.weight", "attn.qkv_proj.weight", "attn.out_proj.weight", "attn.q_norm.weight",
+             "attn.k_norm.weight", "mlp.fc1.weight", "mlp.fc2.weight")
+COMFY_REFINER_BLOCK_KEYS = _ATTN_MLP
+COMFY_BLOCK_KEYS = _ATTN_MLP + ("adaln_proj.linear.weight", "adaln_proj.linear.bias")
+LOADERS = "the ComfyUI node 'H3Director GGUF DiT Loader' and diffusers' load_h3_transformer_gguf"
+
+
+def _block_count(names: set[str], stem: str) -> int:
+    """1 + the largest block index under `stem` (``blocks.``), 0 without any."""
+    found = [n[len(stem):].split(".", 1)[0] for n in names if n.startswith(stem)]
+    return 1 + max((int(i) for i in found if i.isdigit()), default=-1)
+
+
+def comfy_dit_keys(names: Iterable[str]) -> set[str]:
+    """Every key ComfyUI's H3 model has for the block counts and time-embedding form found in `names`
+    (ComfyUI-keyed, the DiT prefix removed): the exact set the GGUF loaders expect."""
+    names = set(names)
+    expected = set(COMFY_TOP_KEYS)
+    expected.update(COMFY_CURVE_KEYS if "adaln_t_table" in names else COMFY_TIME_EMBEDDER_KEYS)
+    for i in range(_block_count(names, "blocks.")):
+        expected.update(f"blocks.{i}.{k}" for k in COMFY_BLOCK_KEYS)
+    for i in range(_block_count(names, "token_refiner.blocks.")):
+        expected.update(f"token_refiner.blocks.{i}.{k}" for k in COMFY_REFINER_BLOCK_KEYS)
+    return expected
+
+
+def loader_key_problem(dit_names: Iterable[str], found: H3Detection) -> str | None:
+    """Why the project's GGUF loaders would refuse a DiT with these tensor names (None when both take them).
+
+    `dit_names`: the DiT's keys with `found.prefix` removed. Diffusers-keyed files are refused by both loaders
+    (they read ComfyUI's layout); ComfyUI-keyed files must hold exactly ComfyUI's `MiniMaxH3Model` tensors
+    (`comfy_dit_keys`). The text names a few offending keys, what the loaders expect, and the way out."""
+    names = set(dit_names)
+    if found.key_style == "diffusers":
+        return (f"H3 DiT with diffusers keys (e.g. {_examples({n for n in names if '.attn.to_' in n} or names)}); "
+                f"{LOADERS} both read ComfyUI's layout (blocks.N.attn.qkv_proj.weight, blocks.N.mlp.fc1.weight, "
+                "video_patch_proj.weight, ...). Load this file as safetensors with diffusers "
+                "(MiniMaxH3Transformer3DModel) instead, or convert the ComfyUI-keyed single file (the published "
+                "all-in-one checkpoint's model.diffusion_model.* tensors)")
+    expected = comfy_dit_keys(names)
+    missing, unexpected = sorted(expected - names), sorted(names - expected)
+    if not missing and not unexpected:
+        return None
+    parts = [f"{len(items)} {label} (e.g. {', '.join(items[:3])})"
+             for label, items in (("missing", missing), ("unexpected", unexpected)) if items]
+    return (f"ComfyUI-keyed H3 DiT whose tensors are not those of ComfyUI's MiniMaxH3Model: {'; '.join(parts)}; "
+            f"{LOADERS} expect exactly its tensors (per block: {', '.join(COMFY_BLOCK_KEYS[:4])}, ...), "
+            "so neither would load the file")

@@ -1,7 +1,13 @@
 """Check a weight file: its header and offsets (validated on open), a SHA-256 per tensor, and, against
 another file, that every tensor holds what it should.
 
-Comparisons, per tensor present in both files (names matched after removing an all-in-one prefix):
+Every tensor of the file is hashed and, with another file, checked: all components of an all-in-one file,
+small ones such as ``vae.latents_mean`` and ``audio_vae.latents_mean`` included. Names are matched exactly
+first, then by component and name without the component's prefix (`h3_keys.split_components`: so a
+converted DiT's ``blocks.0...`` meets ``model.diffusion_model.blocks.0...``, and two components' tensors
+of the same bare name never meet each other).
+
+Comparisons, per tensor present in both files:
 
 - same storage type: the stored bytes are identical ("identical bytes");
 - this file quantised, the other float: re-encoding the other file's values with the same quantiser
@@ -22,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from h3director.weights.files import WeightFile, open_weights
-from h3director.weights.h3_keys import COMPONENT_PREFIXES
+from h3director.weights.h3_keys import COMPONENT_PREFIXES, split_components
 
 FLOAT_TYPES = ("F64", "F32", "F16", "BF16")  # widest first
 _TORCH = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
@@ -71,25 +77,49 @@ def _bare(name: str) -> str:
     return name
 
 
+def _keyed(names) -> dict[tuple[str, str], list[str]]:
+    """(component, name without its component prefix) -> the names with that key, in file order."""
+    keyed: dict[tuple[str, str], list[str]] = {}
+    for component, members in split_components(names).items():
+        for name in members:
+            keyed.setdefault((component, _bare(name)), []).append(name)
+    return keyed
+
+
+def pair_names(here, there) -> dict[str, str]:
+    """Each name of `here` -> its counterpart in `there` (absent when none): the same name, else the same
+    component and bare name (see the module docstring). No name of `there` is used twice."""
+    there_names = set(there)
+    pairs = {name: name for name in here if name in there_names}
+    used = set(pairs.values())
+    by_key = _keyed(there)
+    for key, names in _keyed(here).items():
+        free = [n for n in by_key.get(key, []) if n not in used]
+        for name in (n for n in names if n not in pairs):
+            if free:
+                pairs[name] = free.pop(0)
+                used.add(pairs[name])
+    return pairs
+
+
 def verify(path: str | os.PathLike, against: str | os.PathLike | None = None) -> VerifyReport:
     """Validate `path`, hash every tensor, and compare with `against` when given (see the module docstring)."""
     with open_weights(path) as source:
         report = VerifyReport(str(path), source.kind, against=None if against is None else str(against))
         other = open_weights(against) if against is not None else None
         try:
-            there = {_bare(n): n for n in other.entries} if other else {}
-            here = {_bare(n): n for n in source.entries}
-            for bare, name in here.items():
-                entry = source.entries[name]
+            pairs = pair_names(list(source.entries), list(other.entries)) if other is not None else {}
+            for name, entry in source.entries.items():
                 check = TensorCheck(name, entry.type, entry.nbytes, _sha256(source, name))
                 if other is not None:
-                    if bare not in there:
+                    if name not in pairs:
                         report.only_here.append(name)
                     else:
-                        _compare(check, source, name, other, there[bare])
+                        _compare(check, source, name, other, pairs[name])
                 report.tensors.append(check)
             if other is not None:
-                report.only_there = [there[b] for b in there if b not in here]
+                matched = set(pairs.values())
+                report.only_there = [n for n in other.entries if n not in matched]
         finally:
             if other is not None:
                 other.close()
@@ -145,18 +175,19 @@ def _encode(values: np.ndarray, type_name: str) -> np.ndarray | None:
     from h3director.weights import kquant
 
     rows = values
+    if type_name in kquant.ENCODERS:  # convert's encoders for these (gguf has none)
+        return kquant.quantize(rows, type_name)
     try:
         return quants.quantize(rows, GGMLQuantizationType[type_name])
     except NotImplementedError:
-        if type_name in kquant.ENCODERS:
-            return kquant.quantize(rows, type_name)
         return None
 
 
 def summary_line(report: VerifyReport) -> str:
     """One line: tensors, bytes, and the outcome."""
     total = sum(t.nbytes for t in report.tensors)
-    text = f"{report.path}: {report.kind}, {len(report.tensors)} tensors, {total:,} bytes, header and offsets valid"
+    text = (f"{report.path}: {report.kind}, header and offsets valid; checked all {len(report.tensors)} tensors "
+            f"({total:,} bytes, SHA-256 each)")
     if report.against:
         bad = [t for t in report.tensors if not t.ok]
         text += (f"; against {report.against}: {len(report.tensors) - len(bad) - len(report.only_here)} match, "

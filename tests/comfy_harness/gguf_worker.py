@@ -67,6 +67,20 @@ def run_checks(root: str, tmp: str) -> dict:
                     "differs_from_unquantised": differs}
             check(f"exact/{name}/{dtype_name}", exact)
 
+    for type_name in ("Q6_K", "Q5_K", "Q4_K_M"):
+        def converted(type_name=type_name):
+            # the same real weights through `weights convert` (the project's K-quant encoders) -> the GGUF loader
+            out, held = gh.converted_gguf(sd, tmp, type_name)
+            ours = comfy_gguf.load_gguf_dit(out, dtype=torch.float32)
+            dm = ours.model.diffusion_model
+            kinds = {layer.gguf_qtype for layer in dm.modules()
+                     if comfy_gguf.is_gguf_linear(layer) and getattr(layer, "gguf_qtype", None)}
+            wanted = {"Q4_K", "Q6_K"} if type_name == "Q4_K_M" else {type_name}
+            got = forward(ours, torch.float32)
+            return (equal(forward(stock(held, torch.float32), torch.float32), got) and kinds == wanted
+                    and not equal(got, float_out)), {"summary": ours.model.gguf_summary, "types": sorted(kinds)}
+        check(f"convert/{type_name}", converted)
+
     path, dequantised = files["Q8_0"]
     reference = forward(stock(dequantised, torch.float32), torch.float32)
 
