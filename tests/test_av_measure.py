@@ -106,10 +106,10 @@ def test_audio_flux_is_the_same_whatever_the_block_sizes():
     np.testing.assert_allclose(a.values, b.values, rtol=1e-5, atol=1e-7)
 
 
-def test_a_frame_difference_stands_at_the_midpoint_of_its_frames():
+def test_a_frame_difference_stands_at_the_first_frame_that_shows_it():
     envelope = motion_envelope(np.array([0.0, 0.04, 0.08]), np.array([0.0, 3.0]))
     position = envelope.start_s + np.argmax(envelope.values) * envelope.step_s
-    assert position == pytest.approx(0.06)
+    assert position == pytest.approx(0.08)
     assert envelope.values.sum() == pytest.approx(3.0)
 
 
@@ -121,3 +121,37 @@ def test_bad_arguments_are_refused():
         measure_arrays(frames[:1], fps, samples, RATE)
     with pytest.raises(InvalidInputError, match="no samples"):
         measure_arrays(frames, fps, np.zeros(0, np.float32), RATE)
+
+
+@pytest.mark.parametrize("flash,tone,offset_ms", [("step", "smooth", 63.0), ("step", "step", 0.0),
+                                                   ("smooth", "step", -137.5), ("fade", "click", 171.0)])
+def test_beep_and_flash_onsets_without_half_frame_bias(tmp_path, flash, tone, offset_ms):
+    """The calibration pattern: a flash drawn on a frame (a step that stays 3 frames, or a smooth rise) against a
+    200 ms tone burst of another shape, through H.264 + AAC. Onsets, not envelope centres, are paired, and a frame
+    stands at its own timestamp: a beep starting with the flash frame reads 0, not half a frame."""
+    from h3director.av.synthetic import beep_flash_tracks, write_clip
+
+    frames, samples = beep_flash_tracks(offset_ms, flash=flash, flash_frames=3, tone=tone, burst_ms=200.0,
+                                        seconds=6.0, fps=FPS, sample_rate=RATE, size=SIZE, seed=3)
+    result = measure_file(write_clip(tmp_path / "pattern.mp4", frames, samples, FPS, RATE))
+    assert result.usable and result.reason == "ok"
+    assert abs(result.offset_ms - offset_ms) <= 5.0, result.to_dict()
+    assert result.confidence >= 0.9 and result.pairs == min(result.picture_events, result.sound_events)
+
+
+def test_a_periodic_pattern_that_two_lags_explain_gets_low_confidence():
+    """Flashes exactly every half second and beeps 100 ms after each: within +-500 ms, -400 ms pairs every event
+    as well as +100 ms does, so whichever is reported, the confidence says it cannot be trusted."""
+    count, period = int(6 * FPS), 12
+    frames = np.full((count, SIZE[1], SIZE[0], 3), 60, np.uint8)
+    for start in range(6, count - 3, period):
+        frames[start:start + 3] = 200
+    times = np.arange(int(6 * RATE)) / RATE
+    samples = 0.01 * np.random.default_rng(0).standard_normal(len(times))
+    for start in range(6, count - 3, period):
+        burst = (times >= start / FPS + 0.1) & (times < start / FPS + 0.2)
+        samples[burst] += 0.5 * np.sin(2 * np.pi * 1000 * times[burst])
+    result = measure_arrays(frames, FPS, samples.astype(np.float32), RATE)
+    assert result.usable and result.confidence < 0.25 and result.reason.startswith("low confidence")
+    narrow = measure_arrays(frames, FPS, samples.astype(np.float32), RATE, max_offset_ms=200.0)
+    assert abs(narrow.offset_ms - 100.0) <= 3.0 and narrow.confidence >= 0.9    # one lag in range: trusted

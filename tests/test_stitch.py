@@ -170,3 +170,37 @@ def test_a_failure_midway_keeps_an_existing_output_and_leaves_no_temporary(chain
         stitch_files(chain, out, OV, blend="crossfade", video_codec="ffv1")
     assert out.read_bytes() == b"previous result"
     assert _visible(tmp_path) == ["keep.mkv"] and len(list(tmp_path.iterdir())) == 1
+
+
+def _segment_with_sound(path, frames, sound):
+    from h3director.av.synthetic import write_clip
+
+    pictures = np.full((frames, H, W, 3), 90, np.uint8)
+    write_clip(path, pictures, sound, 24.0, 32_000, container_format="matroska", audio_codec="pcm_s16le")
+    return path
+
+
+@pytest.mark.parametrize("related", [True, False])
+def test_the_join_keeps_the_level_of_matching_and_of_unrelated_sound(tmp_path, related):
+    """A later segment conditioned on the earlier one's last frames often repeats its sound: equal power would
+    make that 3 dB louder mid-join, so correlated overlaps fade linearly; unrelated sound keeps equal power."""
+    from h3director.av.segment_audio import SampleReader
+
+    rate, frames = 32_000, 48
+    length = sample_at(frames, Fraction(24), rate)
+    noise = np.random.default_rng(1).standard_normal(3 * length) * 0.2
+    join = sample_at(frames - OV, Fraction(24), rate)
+    first = noise[:length]
+    second = noise[join:join + length] if related else noise[length:2 * length]
+    paths = [_segment_with_sound(tmp_path / "s0.mkv", frames, first),
+             _segment_with_sound(tmp_path / "s1.mkv", frames, second)]
+    report = stitch_files(paths, tmp_path / "joined.mkv", OV, blend="cut", video_codec="ffv1")
+    assert report.audio_fades == (["linear"] if related else ["equal power"])
+    reader = SampleReader(tmp_path / "joined.mkv")
+    out = reader.read(report.samples)[0].astype(np.float64) / 32768
+    reader.close()
+    end = sample_at(frames, Fraction(24), rate)
+    middle = out[(join + end) // 2 - 2000:(join + end) // 2 + 2000]
+    reference = first[:join]
+    gain_db = 10 * np.log10(np.mean(middle ** 2) / np.mean(reference ** 2))
+    assert abs(gain_db) < 0.5, gain_db          # equal power on matching sound would read about +3 dB

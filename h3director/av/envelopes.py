@@ -10,9 +10,8 @@ Two signals are reduced to "how much changes here", as functions of time in seco
   a longer window spreads an onset over more time. 24 ms and 4 bands were chosen on the synthetic
   sweep (bench/avsync_accuracy.py, docs/AV.md).
 * the picture: frame-difference energy, the mean absolute difference of consecutive frames (gray,
-  0..255, downscaled by the reader). The difference between frames k-1 and k is placed at the
-  midpoint of their timestamps: a change seen first on frame k happened, on average, half a frame
-  before it was shown. Frame difference k therefore stands at ``(t[k-1] + t[k]) / 2``.
+  0..255, downscaled by the reader). The difference between frames k-1 and k stands at ``t[k]``, the
+  timestamp of the first frame that shows it (a frame shows the scene at its presentation time).
 
 Both become `Envelope`s on the same grid (`GRID_S` seconds a step, sample i at ``start_s + i * GRID_S``),
 have their slow level removed and are smoothed by the same Gaussian, so their cross-correlation
@@ -28,10 +27,6 @@ import numpy as np
 GRID_S = 0.001          # the common grid: 1 ms a step
 WINDOW_S = 0.024        # the sound's analysis window (Hann), 24 ms
 TREND_S = 1.0           # slow level removed by a moving average of this length
-EVENT_MADS = 6.0        # an event rises this many scaled MADs above the median ...
-EVENT_REL = 0.5         # ... and at least this fraction of the median above it ...
-AUDIO_FLOOR = 1e-4      # ... and above this absolute floor (flux per hop, full-scale sine ~ 1)
-MOTION_FLOOR = 0.25     # ... or this one (mean |difference| of 0..255 gray levels)
 BANDS = 4               # the spectrum is pooled into this many log-spaced bands before differencing ...
 LOWEST_HZ = 80.0        # ... from this frequency to Nyquist
 
@@ -82,7 +77,8 @@ class AudioFlux:
         if usable <= 0:
             return
         starts = np.arange(usable)[:, None] * self.hop + np.arange(self.window)[None, :]
-        power = np.abs(np.fft.rfft(self._pending[starts] * self._taper, axis=1)) ** 2
+        # float64: numpy 2 keeps float32 input in float32, whose rounding then depends on the batch size
+        power = np.abs(np.fft.rfft(self._pending[starts].astype(np.float64) * self._taper, axis=1)) ** 2
         spectra = np.sqrt(power @ self._bands) * self._scale
         if self._previous is not None:
             spectra = np.concatenate([self._previous[None], spectra])
@@ -111,23 +107,37 @@ def band_matrix(window: int, sample_rate: int, bands: int = BANDS) -> np.ndarray
     return matrix[:, matrix.sum(axis=0) > 0]
 
 
+SIGNATURE_GRID = 8      # a frame's signature: the mean gray level of each cell of this many x this many
+
+
+def block_signature(gray: np.ndarray, grid: int = SIGNATURE_GRID) -> np.ndarray:
+    """The mean gray level (0..255) of each cell of a ``grid x grid`` split of a gray frame, as float32 ``[grid**2]``
+    (rows and columns split as evenly as `np.array_split` does). Two frames' signatures differ in the direction
+    the picture changed: a flash and its disappearance give opposite differences."""
+    gray = np.asarray(gray, np.float32)
+    rows = [band.mean(axis=0) for band in np.array_split(gray, min(grid, gray.shape[0]), axis=0)]
+    cells = [[cell.mean() for cell in np.array_split(row, min(grid, gray.shape[1]))] for row in rows]
+    return np.asarray(cells, np.float32).reshape(-1)
+
+
 def motion_energy(previous: np.ndarray, current: np.ndarray) -> float:
     """Mean absolute difference of two gray frames (uint8 or float, 0..255 levels)."""
     return float(np.abs(current.astype(np.float32) - previous.astype(np.float32)).mean())
 
 
 def motion_envelope(times_s: np.ndarray, energies: np.ndarray) -> Envelope:
-    """Frame differences `energies[k]` (between frames k and k+1, shown at `times_s[k]`, `times_s[k+1]`)
-    spread onto the fine grid at the midpoints of the two frames' times, linearly between grid steps."""
+    """Frame differences `energies[k]` (between frames k and k+1, shown at `times_s[k]`, `times_s[k+1]`) on the
+    fine grid at the timestamp of frame k+1, the first frame that shows the change (`onsets`' convention),
+    linearly between grid steps."""
     times_s = np.asarray(times_s, np.float64)
     energies = np.asarray(energies, np.float64)
     if len(times_s) < 2 or len(energies) != len(times_s) - 1:
         return Envelope(np.zeros(0), float(times_s[0]) if len(times_s) else 0.0)
-    middles = (times_s[:-1] + times_s[1:]) / 2
+    shown = times_s[1:]
     start = float(times_s[0])
     count = int(np.ceil((times_s[-1] - start) / GRID_S)) + 2
     values = np.zeros(count)
-    position = (middles - start) / GRID_S
+    position = (shown - start) / GRID_S
     low = np.floor(position).astype(int)
     weight = position - low
     np.add.at(values, low, energies * (1 - weight))
@@ -170,17 +180,3 @@ def prepare(values: np.ndarray, sigma_steps: float, trend_steps: int) -> np.ndar
     shaped = shaped - shaped.mean()
     spread = shaped.std()
     return shaped / spread if spread > 1e-12 else np.zeros_like(shaped)
-
-
-def count_events(values: np.ndarray, floor: float) -> int:
-    """Distinct events in an envelope at its own resolution: local maxima standing above
-    ``median + max(EVENT_MADS * 1.4826 * MAD, EVENT_REL * median, floor)``."""
-    values = np.asarray(values, np.float64)
-    if len(values) < 3:
-        return 0
-    median = float(np.median(values))
-    mad = 1.4826 * float(np.median(np.abs(values - median)))
-    threshold = median + max(EVENT_MADS * mad, EVENT_REL * median, floor)
-    middle = values[1:-1]
-    peaks = (middle > threshold) & (middle >= values[:-2]) & (middle > values[2:])
-    return int(peaks.sum())

@@ -1,17 +1,17 @@
-"""A/V offset measurement: picture motion against sound onsets, over the whole file and per window.
+"""A/V offset measurement: picture onsets against sound onsets, over the whole file and per window.
 
-`measure_envelopes` takes the picture's motion envelope and the sound's flux envelope (see
-`envelopes`), puts both on the 1 ms grid, removes their slow level, smooths both by the same
-Gaussian (sigma = half a frame), and cross-correlates them for lags within ``+-max_offset_ms``.
-The result's `offset_ms` is positive when the audio is late (subtract it from the sound's times, or
-add it to the picture's, to bring them together). The same is done in windows of `window_s` seconds
-(hop `window_s / 2`; a tail of more than a quarter window gets one ending with the file) to show
-drift along it.
+`measure_tracks` finds the onsets of the picture's events (from frame differences and frame signatures) and of
+the sound's (from its RMS level), and the lag that pairs them (`onsets`: the conventions, in particular that a
+frame stands at its presentation timestamp and an onset is the 20 % point of an event's rise). The result's
+`offset_ms` is positive when the audio is late (subtract it from the sound's times, or add it to the picture's,
+to bring them together). The same is done in windows of `window_s` seconds (hop `window_s / 2`; a tail of more
+than a quarter window gets one ending with the file) to show drift along it.
 
 "No usable events" is an explicit answer, not a guess: when the picture or the sound has fewer than
-`MIN_EVENTS` distinct events (`envelopes.count_events`), `offset_ms` is None, `usable` is False and
-`confidence` is 0. Precision: sub-millisecond peak refinement on the grid; accuracy on the synthetic
-sweep is in docs/AV.md (bench/avsync_accuracy.py).
+`MIN_EVENTS` onsets, `offset_ms` is None, `usable` is False and `confidence` is 0. Confidence (`onsets.match_onsets`)
+is the share of events that found a partner, lowered when another lag pairs them nearly as well. Accuracy on the
+beep-and-flash and speech-like sets is in docs/AV.md (bench/avsync_accuracy.py). The motion and flux envelopes
+(`envelopes`) are kept for the plot.
 """
 
 from __future__ import annotations
@@ -21,29 +21,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from h3director.av.correlate import correlation_curve, find_peak
 from h3director.av.envelopes import (
-    AUDIO_FLOOR,
     GRID_S,
-    MOTION_FLOOR,
     TREND_S,
     AudioFlux,
     Envelope,
-    count_events,
-    gaussian_smooth,
+    block_signature,
     motion_energy,
     motion_envelope,
     prepare,
     resample,
 )
+from h3director.av.onsets import SoundLevel, match_onsets, picture_onsets, sound_onsets
 from h3director.errors import InvalidInputError
 
 MIN_EVENTS = 2
 DEFAULT_MAX_OFFSET_MS = 500.0
 DEFAULT_WINDOW_S = 10.0
 LOW_CONFIDENCE = 0.25        # below this an offset is reported but flagged as unreliable
-CONFIDENCE_SPAN_S = 3.0     # the peak is judged against the correlation over lags of +-this (or the search)
-SOUND_EVENT_SIGMA_S = 0.010  # the sound's flux is smoothed by this much before its events are counted
 
 
 @dataclass
@@ -68,15 +63,15 @@ class WindowOffset:
 class AVSyncResult:
     """The measured offset of a clip. `offset_ms` > 0: audio late; None with `usable` False: no usable events.
 
-    `prominence` is the correlation peak's height above the rest of the curve in standard deviations,
-    `confidence` its 0..1 mapping (`correlate`); `drift_ms_per_min` is the slope of the confident
-    windows' offsets (None with fewer than two). `picture` / `sound` are the prepared envelopes on the
-    1 ms grid from `grid_start_s` (for plots; not in `to_dict`).
+    `pairs` is the number of picture onsets that found a sound partner at that offset, `confidence` the 0..1
+    answer of `onsets.match_onsets`; `drift_ms_per_min` is the slope of the confident windows' offsets (None with
+    fewer than two). `picture` / `sound` are the prepared motion and flux envelopes on the 1 ms grid from
+    `grid_start_s` (for plots; not in `to_dict`).
     """
 
     offset_ms: float | None
     confidence: float
-    prominence: float
+    pairs: int
     usable: bool
     reason: str
     picture_events: int
@@ -92,7 +87,7 @@ class AVSyncResult:
         return {
             "offset_ms": None if self.offset_ms is None else round(self.offset_ms, 2),
             "convention": "positive offset_ms = audio late",
-            "confidence": round(self.confidence, 3), "prominence": round(self.prominence, 2),
+            "confidence": round(self.confidence, 3), "pairs": self.pairs,
             "usable": self.usable, "reason": self.reason,
             "picture_events": self.picture_events, "sound_events": self.sound_events,
             "max_offset_ms": self.max_offset_ms,
@@ -101,78 +96,69 @@ class AVSyncResult:
         }
 
 
-def _sound_events(values: np.ndarray) -> int:
-    return count_events(gaussian_smooth(values, SOUND_EVENT_SIGMA_S / GRID_S), AUDIO_FLOOR)
-
-
 def _prepared(raw: np.ndarray, fps: float) -> np.ndarray:
     return prepare(raw, 0.5 / fps / GRID_S, int(round(TREND_S / GRID_S)))
 
 
-def _offset(picture_raw: np.ndarray, sound_raw: np.ndarray, fps: float, max_lag: int):
-    picture, sound = _prepared(picture_raw, fps), _prepared(sound_raw, fps)
-    if not picture.any() or not sound.any():
-        return None, picture, sound
-    search = min(max_lag, len(picture) - 1)
-    wide = min(max(max_lag, int(round(CONFIDENCE_SPAN_S / GRID_S))), len(picture) - 1)
-    curve = correlation_curve(picture, sound, wide)
-    return find_peak(curve, wide, exclude=int(round(2.5 / fps / GRID_S)), search=search), picture, sound
+def _plot_envelopes(times: np.ndarray, energies: np.ndarray, flux: Envelope | None, fps: float):
+    """(grid start, picture, sound): the prepared envelopes on the 1 ms grid, for `plot`."""
+    picture_env = motion_envelope(times, energies)
+    if flux is None:
+        flux = Envelope(np.zeros(0), picture_env.start_s)
+    start = min(picture_env.start_s, flux.start_s)
+    count = int(np.ceil((max(picture_env.end_s, flux.end_s) - start) / GRID_S))
+    return start, _prepared(resample(picture_env, start, count), fps), _prepared(resample(flux, start, count), fps)
 
 
-def measure_envelopes(motion: tuple[np.ndarray, np.ndarray], flux: Envelope, fps: float,
-                      max_offset_ms: float = DEFAULT_MAX_OFFSET_MS,
-                      window_s: float = DEFAULT_WINDOW_S) -> AVSyncResult:
-    """Measure the offset from frame times + motion energies (`media.read_motion`) and the sound's flux."""
+def measure_tracks(frame_times: np.ndarray, energies: np.ndarray, signatures: np.ndarray, level: SoundLevel,
+                   fps: float, max_offset_ms: float = DEFAULT_MAX_OFFSET_MS, window_s: float = DEFAULT_WINDOW_S,
+                   flux: Envelope | None = None) -> AVSyncResult:
+    """Measure the offset from the picture's frame timestamps (seconds), frame differences (``len - 1`` values) and
+    frame signatures (`envelopes.block_signature`, one row per frame), and the sound's `SoundLevel`. `flux`, the
+    sound's spectral flux, only feeds the plot."""
     if not fps > 0:
         raise InvalidInputError(f"fps must be > 0, got {fps}")
     if not max_offset_ms > 0:
         raise InvalidInputError(f"max_offset_ms must be > 0, got {max_offset_ms}")
     if not window_s > 0:
         raise InvalidInputError(f"window_s must be > 0, got {window_s}")
-    times, energies = (np.asarray(a, np.float64) for a in motion)
-    picture_env = motion_envelope(times, energies)
-    start = min(picture_env.start_s, flux.start_s)
-    count = int(np.ceil((max(picture_env.end_s, flux.end_s) - start) / GRID_S))
-    picture_raw = resample(picture_env, start, count)
-    sound_raw = resample(flux, start, count)
-    max_lag = int(round(max_offset_ms / 1000 / GRID_S))
-    middles = (times[:-1] + times[1:]) / 2 if len(times) > 1 else np.zeros(0)
+    frame_times = np.asarray(frame_times, np.float64)
+    energies = np.asarray(energies, np.float64)
+    picture = picture_onsets(frame_times, energies, signatures)
+    sound = sound_onsets(*level.levels())
+    max_offset_s = max_offset_ms / 1000.0
 
-    def measure_span(first: int, last: int):
-        span_start, span_end = start + first * GRID_S, start + last * GRID_S
-        inside = (middles >= span_start) & (middles < span_end)
-        picture_events = count_events(energies[inside], MOTION_FLOOR)
-        sound_events = _sound_events(sound_raw[first:last])
-        if picture_events < MIN_EVENTS or sound_events < MIN_EVENTS:
-            return None, picture_events, sound_events, None, None
-        peak, picture, sound = _offset(picture_raw[first:last], sound_raw[first:last], fps, max_lag)
-        return peak, picture_events, sound_events, picture, sound
+    def measure_span(first_s: float, last_s: float):
+        p, s = picture.between(first_s, last_s), sound.between(first_s - max_offset_s, last_s + max_offset_s)
+        if len(p) < MIN_EVENTS or len(sound.between(first_s, last_s)) < MIN_EVENTS:
+            return None, len(p), len(sound.between(first_s, last_s))
+        return match_onsets(p, s, max_offset_s), len(p), len(sound.between(first_s, last_s))
 
-    peak, picture_events, sound_events, picture, sound = measure_span(0, count)
+    start_s = float(frame_times[0]) if len(frame_times) else 0.0
+    end_s = max(float(frame_times[-1]) if len(frame_times) else 0.0, start_s)
+    match, picture_events, sound_events = measure_span(-np.inf, np.inf)
     windows = []
-    width = int(round(window_s / GRID_S))
-    if count > width:
-        hop = width // 2
-        starts = list(range(0, count - width + 1, hop))
-        if count - (starts[-1] + width) > hop // 2:
-            starts.append(count - width)  # a tail of more than a quarter window gets a window ending with the file
+    if end_s - start_s > window_s:
+        hop = window_s / 2
+        starts = list(np.arange(start_s, end_s - window_s + 1e-9, hop))
+        if end_s - (starts[-1] + window_s) > hop / 2:
+            starts.append(end_s - window_s)  # a tail of more than a quarter window gets a window ending with the file
         for first in starts:
-            last = first + width
-            w_peak, w_picture, w_sound, _, _ = measure_span(first, last)
-            windows.append(WindowOffset(
-                first * GRID_S, last * GRID_S, None if w_peak is None else w_peak.lag * GRID_S * 1000,
-                0.0 if w_peak is None else w_peak.confidence, w_picture, w_sound))
-    if peak is None:
+            w_match, w_picture, w_sound = measure_span(first, first + window_s)
+            windows.append(WindowOffset(first - start_s, first + window_s - start_s,
+                                        None if w_match is None else w_match.offset_ms,
+                                        0.0 if w_match is None else w_match.confidence, w_picture, w_sound))
+    grid_start, picture_plot, sound_plot = _plot_envelopes(frame_times, energies, flux, fps)
+    if match is None:
         reason = (f"no usable events: the picture has {picture_events} and the sound {sound_events} distinct "
                   f"events (need {MIN_EVENTS} each)")
-        return AVSyncResult(None, 0.0, 0.0, False, reason, picture_events, sound_events, max_offset_ms, windows,
-                            grid_start_s=start, picture=_prepared(picture_raw, fps), sound=_prepared(sound_raw, fps))
-    offset_ms = peak.lag * GRID_S * 1000
-    reason = "ok" if peak.confidence >= LOW_CONFIDENCE else "low confidence: the events barely line up"
-    if abs(abs(offset_ms) - max_offset_ms) < 1.0:
+        return AVSyncResult(None, 0.0, 0, False, reason, picture_events, sound_events, max_offset_ms, windows,
+                            grid_start_s=grid_start, picture=picture_plot, sound=sound_plot)
+    reason = "ok" if match.confidence >= LOW_CONFIDENCE else "low confidence: the events barely line up"
+    if abs(abs(match.offset_ms) - max_offset_ms) < 1.0:
         reason = f"the best match is at the edge of the search (+-{max_offset_ms:g} ms): widen it"
-    return AVSyncResult(offset_ms, peak.confidence, peak.prominence, True, reason, picture_events, sound_events,
-                        max_offset_ms, windows, _drift(windows), start, picture, sound)
+    return AVSyncResult(match.offset_ms, match.confidence, match.pairs, True, reason, picture_events, sound_events,
+                        max_offset_ms, windows, _drift(windows), grid_start, picture_plot, sound_plot)
 
 
 def _drift(windows: list[WindowOffset]) -> float | None:
@@ -189,12 +175,12 @@ def _drift(windows: list[WindowOffset]) -> float | None:
 def measure_file(path: str | os.PathLike, max_offset_ms: float = DEFAULT_MAX_OFFSET_MS,
                  window_s: float = DEFAULT_WINDOW_S) -> AVSyncResult:
     """Measure a media file's A/V offset, streaming both streams (see `media`)."""
-    from h3director.av.media import probe, read_flux, read_motion
+    from h3director.av.media import probe, read_motion, read_sound
 
     info = probe(path)
-    motion = read_motion(path)
-    flux, _ = read_flux(path)
-    return measure_envelopes(motion, flux, info.fps, max_offset_ms, window_s)
+    times, energies, signatures = read_motion(path)
+    flux, level, _ = read_sound(path)
+    return measure_tracks(times, energies, signatures, level, info.fps, max_offset_ms, window_s, flux)
 
 
 def measure_arrays(frames, fps: float, samples: np.ndarray, sample_rate: int,
@@ -207,13 +193,14 @@ def measure_arrays(frames, fps: float, samples: np.ndarray, sample_rate: int,
         raise InvalidInputError(f"fps must be > 0, got {fps}")
     if sample_rate <= 0:
         raise InvalidInputError(f"sample_rate must be > 0, got {sample_rate}")
-    energies, previous, count = [], None, 0
+    energies, signatures, previous, count = [], [], None, 0
     for frame in frames:
         pixels = np.asarray(frame, np.float32)
         if pixels.ndim != 3:
             raise InvalidInputError(f"each frame must be [H, W, C], got shape {list(pixels.shape)}")
         scale = 255.0 if pixels.dtype.kind == "f" and float(pixels.max(initial=0.0)) <= 1.0 else 1.0
         gray = pixels[::stride, ::stride].mean(axis=2) * scale
+        signatures.append(block_signature(gray))
         if previous is not None:
             energies.append(motion_energy(previous, gray))
         previous, count = gray, count + 1
@@ -223,9 +210,10 @@ def measure_arrays(frames, fps: float, samples: np.ndarray, sample_rate: int,
     mono = samples if samples.ndim == 1 else samples.reshape(-1, samples.shape[-1]).mean(axis=0)
     if mono.size == 0:
         raise InvalidInputError("A/V sync needs sound: the audio has no samples")
-    flux = AudioFlux(sample_rate)
+    flux, level = AudioFlux(sample_rate), SoundLevel(sample_rate)
     block = sample_rate * 10
     for first in range(0, len(mono), block):
         flux.feed(mono[first:first + block], 0.0)
-    return measure_envelopes((np.arange(count) / fps, np.asarray(energies)), flux.envelope(), fps,
-                             max_offset_ms, window_s)
+        level.feed(mono[first:first + block], 0.0)
+    return measure_tracks(np.arange(count) / fps, np.asarray(energies), np.asarray(signatures), level, fps,
+                          max_offset_ms, window_s, flux.envelope())

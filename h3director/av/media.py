@@ -3,7 +3,7 @@
 `probe` opens the file and demuxes every packet without decoding (cheap) so that a missing stream,
 an unreadable or truncated file is refused before any work or output. `read_motion` decodes the
 picture one frame at a time, keeps only a small gray copy of the previous frame and one number per
-frame; `read_flux` decodes the sound one frame at a time into the streaming `AudioFlux`. Memory is
+frame; `read_sound` decodes the sound one frame at a time into the streaming `AudioFlux` and `SoundLevel`. Memory is
 independent of the file's length apart from the per-frame numbers (8 bytes a frame, 8 bytes a ms).
 """
 
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from h3director.av.envelopes import AudioFlux, Envelope, motion_energy
+from h3director.av.envelopes import AudioFlux, Envelope, block_signature, motion_energy
+from h3director.av.onsets import SoundLevel
 from h3director.av.open_file import import_av, open_input
 from h3director.errors import InvalidInputError
 
@@ -105,12 +106,14 @@ def gray_frame(frame, width: int = MOTION_WIDTH) -> np.ndarray:
     return frame.to_ndarray()
 
 
-def read_motion(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
-    """Frame times (seconds, from each frame's timestamp) and the motion energy between consecutive
-    frames (``len(times) - 1`` values), decoding one frame at a time."""
+def read_motion(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Frame times (seconds, from each frame's timestamp), the motion energy between consecutive frames
+    (``len(times) - 1`` values) and each frame's `block_signature` (``[frames, 64]`` float32), decoding one
+    frame at a time."""
     av = import_av()
     times: list[float] = []
     energies: list[float] = []
+    signatures: list[np.ndarray] = []
     previous = None
     with open_input(path) as container:
         video = container.streams.video[0]
@@ -119,34 +122,38 @@ def read_motion(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
             for index, frame in enumerate(container.decode(video)):
                 times.append(float(frame.time) if frame.time is not None else index / rate)
                 current = gray_frame(frame)
+                signatures.append(block_signature(current))
                 if previous is not None:
                     energies.append(motion_energy(previous, current))
                 previous = current
         except av.FFmpegError as exc:
             raise InvalidInputError(f"{path}: the picture cannot be decoded ({exc})") from None
-    return np.asarray(times), np.asarray(energies)
+    return np.asarray(times), np.asarray(energies), np.asarray(signatures, np.float32).reshape(len(times), -1)
 
 
-def read_flux(path: str | os.PathLike) -> tuple[Envelope, int]:
-    """The sound's spectral flux (channels mixed to mono) and its sample rate, decoding one frame at a time.
-    Samples are placed from the first decoded frame's timestamp on, contiguously."""
+def read_sound(path: str | os.PathLike) -> tuple[Envelope, SoundLevel, int]:
+    """The sound's spectral flux and its RMS level (channels mixed to mono) and its sample rate, decoding one
+    frame at a time. Samples are placed from the first decoded frame's timestamp on, contiguously."""
     av = import_av()
     with open_input(path) as container:
         audio = container.streams.audio[0]
         flux: AudioFlux | None = None
+        level: SoundLevel | None = None
         try:
             for frame in container.decode(audio):
+                mono = mono_samples(frame)
                 if flux is None:
-                    flux = AudioFlux(frame.sample_rate)
+                    flux, level = AudioFlux(frame.sample_rate), SoundLevel(frame.sample_rate)
                     start = float(frame.time) if frame.time is not None else 0.0
-                    flux.feed(mono_samples(frame), start)
                 else:
-                    flux.feed(mono_samples(frame), 0.0)
+                    start = 0.0
+                flux.feed(mono, start)
+                level.feed(mono, start)
         except av.FFmpegError as exc:
             raise InvalidInputError(f"{path}: the sound cannot be decoded ({exc})") from None
-    if flux is None:
+    if flux is None or level is None:
         raise InvalidInputError(f"{path}: the audio stream holds no samples")
-    return flux.envelope(), flux.sample_rate
+    return flux.envelope(), level, flux.sample_rate
 
 
 def frame_samples(frame) -> np.ndarray:

@@ -7,7 +7,10 @@
   the overlap the later segment's weight rises linearly, ``(j + 1) / (overlap + 1)`` on overlap frame j
   (`timeline.video_weight`), per 8-bit plane of the decoded pixel format, rounded to nearest;
 - audio: each later segment's sample 0 lands at the overlap's first frame (`timeline.sample_at`, the join
-  instant) and the soundtracks are cross-faded with equal power (cos/sin) over the overlap, in both blend modes;
+  instant) and the soundtracks are cross-faded over the overlap, in both blend modes: linearly where the two
+  overlapping soundtracks are correlated (>= `timeline.CORRELATED`, as a segment conditioned on the previous
+  one's last frames often is: equal power would make matching sound 3 dB louder mid-join), else with equal
+  power (cos/sin) (`timeline.fade_gains`);
   the output soundtrack is as long as the picture (`Timeline.total_samples`).
 
 Outside the overlaps every frame is the decoder's frame, passed to the encoder in its own pixel format, and every
@@ -37,7 +40,7 @@ import numpy as np
 
 from h3director.av.open_file import import_av, open_input
 from h3director.av.segment_audio import SampleReader, count_samples
-from h3director.av.timeline import Timeline, check_chain, sample_at, video_weight
+from h3director.av.timeline import Timeline, check_chain, fade_gains, sample_at, video_weight
 from h3director.core.atomic_file import check_output_path, commit, remove_quietly, temporary_path
 from h3director.errors import InvalidInputError
 
@@ -70,7 +73,8 @@ class SegmentInfo:
 @dataclass
 class StitchReport:
     """What `stitch_files` wrote: the final path, frames, samples per channel, the codecs, and the silence
-    padded at the end of each segment's audio (samples; a segment may miss up to one frame of sound)."""
+    padded at the end of each segment's audio (samples; a segment may miss up to one frame of sound), and the law
+    of each join's audio cross-fade ("linear" or "equal power", `timeline.fade_gains`)."""
 
     path: Path
     frames: int
@@ -82,6 +86,7 @@ class StitchReport:
     audio_codec: str
     pix_fmt: str
     audio_padded: list[int] = field(default_factory=list)
+    audio_fades: list[str] = field(default_factory=list)
 
 
 def inspect_segment(path: str | os.PathLike) -> SegmentInfo:
@@ -171,11 +176,9 @@ def _as_dtype(samples: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return samples.astype(dtype)
 
 
-def _mix(first: np.ndarray, second: np.ndarray, offset: int, length: int, dtype: np.dtype) -> np.ndarray:
-    """Equal-power cross-fade of two blocks at positions ``offset..`` of a `length`-sample window."""
-    t = (offset + np.arange(first.shape[1]) + 0.5) / length         # `timeline.equal_power`, vectorised
-    gain_first, gain_second = np.cos(np.pi * t / 2), np.sin(np.pi * t / 2)
-    mixed = first.astype(np.float64) * gain_first + second.astype(np.float64) * gain_second
+def _mix(first: np.ndarray, second: np.ndarray, gains: tuple[np.ndarray, np.ndarray], dtype: np.dtype) -> np.ndarray:
+    """`first` and `second` (``[channels, n]``) weighted by `gains` (``[n]`` each) and summed, in `dtype`."""
+    mixed = first.astype(np.float64) * gains[0] + second.astype(np.float64) * gains[1]
     if dtype.kind in "iu":
         info = np.iinfo(dtype)
         return np.clip(np.rint(mixed), info.min, info.max).astype(dtype)
@@ -198,6 +201,8 @@ class _AudioOut:
         self.rate = timeline.rate
         self.produced = 0
         self.region = 0
+        self._overlap: tuple | None = None
+        self.fades: list[str] = []       # the law of each join's cross-fade, in order
 
     def _encode(self, block: np.ndarray) -> None:
         av = import_av()
@@ -210,15 +215,24 @@ class _AudioOut:
         while self.produced < upto and self.region < len(self.regions):
             region = self.regions[self.region]
             count = min(region.stop, upto) - self.produced
-            first = _as_dtype(self.readers[region.first].read(count), self.dtype)
             if region.second is None:
-                block = first
+                block = _as_dtype(self.readers[region.first].read(count), self.dtype)
             else:
-                second = _as_dtype(self.readers[region.second].read(count), self.dtype)
-                block = _mix(first, second, self.produced - region.start, region.stop - region.start, self.dtype)
+                if self._overlap is None:       # the whole overlap (under a second of sound), to choose the law
+                    length = region.stop - region.start
+                    first = _as_dtype(self.readers[region.first].read(length), self.dtype)
+                    second = _as_dtype(self.readers[region.second].read(length), self.dtype)
+                    gains = fade_gains(first, second)
+                    self.fades.append(gains[2])
+                    self._overlap = (first, second, gains[:2])
+                first, second, gains = self._overlap
+                at = self.produced - region.start
+                block = _mix(first[:, at:at + count], second[:, at:at + count],
+                             (gains[0][at:at + count], gains[1][at:at + count]), self.dtype)
             self._encode(block)
             self.produced += count
             if self.produced == region.stop:
+                self._overlap = None
                 for seg in (region.first, region.second):
                     if seg is not None and self.last_use[seg] == self.region:
                         self.readers[seg].close()
@@ -386,4 +400,5 @@ def stitch_files(paths: Sequence[str | os.PathLike], out: str | os.PathLike, ove
         raise
     return StitchReport(path=final, frames=timeline.total_frames, samples=timeline.total_samples, segments=k,
                         overlap=overlap, blend=blend, video_codec=video_codec, audio_codec=audio_codec,
-                        pix_fmt=pix_fmt, audio_padded=audio_out.padded)
+                        pix_fmt=pix_fmt, audio_padded=audio_out.padded,
+                        audio_fades=audio_out.fades)

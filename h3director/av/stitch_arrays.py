@@ -4,7 +4,7 @@ For node graphs, where segments are tensors: `join_frames(a, b, overlap, blend)`
 pixels and `join_audio(...)` on ``[batch, channels, samples]`` float waveforms. Chaining k segments is k-1 pairwise
 joins with the running result as `a`; the positions are the same as one k-segment `stitch_files` call because
 every instant is computed from the absolute output frame (`timeline.sample_at`): `b` starts at frame
-``len(a) - overlap``, its audio at ``sample_at(len(a) - overlap)``, the equal-power cross-fade ends at
+``len(a) - overlap``, its audio at ``sample_at(len(a) - overlap)``, the cross-fade (`timeline.fade_gains`) ends at
 ``sample_at(len(a))``, and the result's audio is ``sample_at(len(a) + len(b) - overlap)`` samples long. Crossfaded
 frames are ``(1 - w) a + w b`` with ``w = (j + 1) / (overlap + 1)`` on overlap frame j, in float (no rounding).
 """
@@ -16,7 +16,7 @@ from fractions import Fraction
 
 import torch
 
-from h3director.av.timeline import check_chain, sample_at, video_weight
+from h3director.av.timeline import check_chain, fade_gains, sample_at, video_weight
 from h3director.errors import InvalidInputError
 
 
@@ -41,8 +41,8 @@ def join_frames(a: torch.Tensor, b: torch.Tensor, overlap: int, blend: str = "cr
 
 def join_audio(a: torch.Tensor, b: torch.Tensor, rate: int, fps: float, frames_a: int, frames_b: int,
                overlap: int) -> torch.Tensor:
-    """`a`'s soundtrack then `b`'s, `b` placed at the overlap's first frame with an equal-power cross-fade over the
-    overlap; ``sample_at(frames_a + frames_b - overlap)`` samples. A soundtrack may miss up to one frame of
+    """`a`'s soundtrack then `b`'s, `b` placed at the overlap's first frame with a cross-fade over the overlap
+    (linear where the two overlapping soundtracks are correlated, else equal power: `timeline.fade_gains`); ``sample_at(frames_a + frames_b - overlap)`` samples. A soundtrack may miss up to one frame of
     samples at its end (silence is used); more is refused."""
     for name, wave in (("a", a), ("b", b)):
         if wave.ndim != 3:
@@ -64,14 +64,14 @@ def join_audio(a: torch.Tensor, b: torch.Tensor, rate: int, fps: float, frames_a
     out[..., :first.shape[-1]] = first
     length = end - join
     if length:
-        t = (torch.arange(length, dtype=torch.float64) + 0.5) / length
-        gains_a, gains_b = torch.cos(math.pi * t / 2), torch.sin(math.pi * t / 2)
         seg_a = torch.zeros(a.shape[0], a.shape[1], length, dtype=torch.float64)
         seg_b = torch.zeros_like(seg_a)
         piece_a, piece_b = a[..., join:end], b[..., :length]
         seg_a[..., :piece_a.shape[-1]] = piece_a.double().cpu()
         seg_b[..., :piece_b.shape[-1]] = piece_b.double().cpu()
-        out[..., join:end] = (seg_a * gains_a + seg_b * gains_b).to(out.dtype).to(out.device)
+        gains_a, gains_b, _ = fade_gains(seg_a.numpy(), seg_b.numpy())
+        mixed = seg_a * torch.from_numpy(gains_a) + seg_b * torch.from_numpy(gains_b)
+        out[..., join:end] = mixed.to(out.dtype).to(out.device)
     rest = b[..., length:total - join]
     out[..., end:end + rest.shape[-1]] = rest.to(out.device, out.dtype)
     return out

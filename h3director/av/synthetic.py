@@ -2,15 +2,20 @@
 
 Kinds (all with background noise: gray-level noise in the picture, white noise in the sound):
 
-* ``"flash"``: at random instants s_i the picture brightens and fades (time constant `FADE_S`);
+* ``"flash"``: at random frame timestamps s_i the picture brightens and fades (time constant `FADE_S`);
   the sound has a click (a noise burst fading with the same constant) at ``s_i + offset``.
 * ``"mouth"``: a mouth-like ellipse opens and closes with speech-like syllables (raised-cosine
   openings of 120..300 ms); the sound is a voiced burst (harmonics of 110..180 Hz) whose loudness
   follows the same opening curve, ``offset`` later.
 * ``"none"``: a still picture and steady noise: nothing to line up.
 
-The picture samples a continuous scene: frame k shows the scene at ``k / fps`` (a flash is seen
-first on the first frame at or after its instant), as a camera would. ``offset_ms`` is positive when
+`beep_flash_tracks` draws the calibration pattern instead (a flash drawn on a frame, a tone burst), with the
+flash's and the tone's shapes and lengths chosen independently; each event's time is its onset as
+`h3director.av.onsets` defines it (the 20 % point of its rise; a flash drawn on frame k is at frame k's
+timestamp).
+
+The picture samples a continuous scene: frame k shows the scene at ``k / fps`` (its presentation
+timestamp), so a flash starting at s_i is drawn on the frame at s_i. ``offset_ms`` is positive when
 the audio is late. Sizes are small on purpose: these clips feed tests and the accuracy sweep.
 """
 
@@ -26,6 +31,8 @@ from h3director.core.atomic_file import atomic_path
 
 FADE_S = 0.08
 KINDS = ("flash", "mouth", "none")
+FLASH_SHAPES = ("step", "fade", "smooth")     # drawn for `flash_frames` frames; exp fade; raised-cosine rise
+TONE_SHAPES = ("step", "smooth", "click")     # 1 ms ramp; raised-cosine attack; decaying noise burst
 
 
 def _event_times(rng: np.random.Generator, seconds: float, low: float, high: float) -> np.ndarray:
@@ -82,7 +89,7 @@ def synthetic_tracks(kind: str, offset_ms: float, seconds: float = 6.0, fps: flo
     base = 70.0 + 30.0 * xs / max(1, width - 1)
     sound = np.zeros(samples_count)
     if kind == "flash":
-        events = _event_times(rng, seconds, 0.3, 0.9)
+        events = np.round(_event_times(rng, seconds, 0.3, 0.9) * fps) / fps   # drawn from a frame on
         light = _fade(events, frame_times)
         pictures = [base + 140.0 * min(1.0, b) for b in light]
         sound += 0.5 * _fade(events, sample_times) * rng.standard_normal(samples_count)
@@ -112,10 +119,87 @@ def synthetic_tracks(kind: str, offset_ms: float, seconds: float = 6.0, fps: flo
     return frames, np.clip(sound, -1, 1).astype(np.float32)
 
 
+def _rise_to_onset_s(rise_s: float) -> float:
+    """Seconds from the start of a raised-cosine rise (0 -> 1 over `rise_s`) to its `ONSET_FRACTION` point."""
+    from h3director.av.onsets import ONSET_FRACTION
+
+    return 2 * rise_s / np.pi * float(np.arcsin(np.sqrt(ONSET_FRACTION)))
+
+
+def _burst(times: np.ndarray, start: float, rise_s: float, hold_s: float) -> np.ndarray:
+    """0..1: a raised-cosine rise over `rise_s` from `start`, `hold_s` at 1, then a fall as long as the rise."""
+    t = times - start
+    out = np.zeros_like(times, dtype=np.float64)
+    if rise_s > 0:
+        rising = (t >= 0) & (t < rise_s)
+        out[rising] = np.sin(0.5 * np.pi * t[rising] / rise_s) ** 2
+    out[(t >= rise_s) & (t < rise_s + hold_s)] = 1.0
+    falling = (t >= rise_s + hold_s) & (t < 2 * rise_s + hold_s)
+    out[falling] = np.cos(0.5 * np.pi * (t[falling] - rise_s - hold_s) / max(rise_s, 1e-9)) ** 2
+    return out
+
+
+def beep_flash_tracks(offset_ms: float, *, flash: str = "step", flash_frames: int = 3, flash_rise_ms: float = 100.0,
+                      tone: str = "step", burst_ms: float = 200.0, tone_rise_ms: float = 30.0,
+                      seconds: float = 8.0, fps: float = 24.0, sample_rate: int = 32000,
+                      size: tuple[int, int] = (96, 64), seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Beep-and-flash: uint8 frames ``[F, H, W, 3]`` and mono float32 samples with each tone's onset
+    `offset_ms` after its flash's onset (positive: audio late). Events fall on frame timestamps 0.6-1.2 s apart.
+
+    `flash` (`FLASH_SHAPES`): "step" drawn on `flash_frames` frames; "fade" drawn at full brightness then fading
+    (time constant `FADE_S`); "smooth" a raised-cosine rise over `flash_rise_ms`, held `flash_frames` frames.
+    `tone` (`TONE_SHAPES`): a 1 kHz tone burst of `burst_ms` with a 1 ms ramp ("step") or a raised-cosine attack
+    of `tone_rise_ms` ("smooth"), or a noise click fading with `FADE_S` ("click"). Picture and sound noise as
+    the other kinds."""
+    if flash not in FLASH_SHAPES or tone not in TONE_SHAPES:
+        raise ValueError(f"flash must be one of {FLASH_SHAPES} and tone one of {TONE_SHAPES}")
+    rng = np.random.default_rng(seed)
+    width, height = size
+    frames_count = int(round(seconds * fps))
+    frame_times = np.arange(frames_count) / fps
+    samples_count = int(round(seconds * sample_rate))
+    sample_times = np.arange(samples_count) / sample_rate
+    events, t = [], 0.4 + rng.uniform(0, 0.3)
+    while t < seconds - 1.0:
+        events.append(round(t * fps) / fps)                       # on a frame's timestamp
+        t += rng.uniform(0.6, 1.2)
+    light = np.zeros(frames_count)
+    sound = np.zeros(samples_count)
+    hold = flash_frames / fps
+    for onset in events:
+        if flash == "step":
+            light[(frame_times >= onset - 1e-9) & (frame_times < onset + hold - 1e-9)] = 1.0
+        elif flash == "fade":
+            after = frame_times >= onset - 1e-9
+            light[after] += np.exp(-(frame_times[after] - onset) / FADE_S)
+        else:
+            rise = flash_rise_ms / 1000
+            light += _burst(frame_times, onset - _rise_to_onset_s(rise), rise, hold)
+        start = onset + offset_ms / 1000
+        if tone == "click":
+            after = sample_times >= start
+            sound[after] += 0.5 * np.exp(-(sample_times[after] - start) / FADE_S) * rng.standard_normal(after.sum())
+            continue
+        rise = 0.001 if tone == "step" else tone_rise_ms / 1000
+        first = start - _rise_to_onset_s(rise)
+        envelope = _burst(sample_times, first, rise, max(0.0, burst_ms / 1000 - 2 * rise))
+        sound += 0.5 * envelope * np.sin(2 * np.pi * 1000.0 * (sample_times - first))
+    sound += 0.02 * rng.standard_normal(samples_count)
+    xs = np.mgrid[0:height, 0:width][1].astype(np.float32)
+    base = 70.0 + 30.0 * xs / max(1, width - 1)
+    frames = np.empty((frames_count, height, width, 3), np.uint8)
+    for k in range(frames_count):
+        noisy = base + 140.0 * min(1.0, light[k]) + 3.0 * rng.standard_normal(base.shape)
+        frames[k] = np.clip(noisy, 0, 255).astype(np.uint8)[..., None]
+    return frames, np.clip(sound, -1, 1).astype(np.float32)
+
+
 def write_clip(path: str | os.PathLike, frames: np.ndarray, samples: np.ndarray | None, fps: float,
-               sample_rate: int = 32000, crf: int = 18, container_format: str = "mp4") -> Path:
-    """Write uint8 ``[F, H, W, 3]`` frames (H.264, yuv420p) and float samples in [-1, 1] (AAC; mono ``[n]``
-    or ``[channels, n]`` with 1 or 2 channels) to a `container_format` file ("mp4", "matroska", ...), atomically."""
+               sample_rate: int = 32000, crf: int = 18, container_format: str = "mp4",
+               audio_codec: str = "aac") -> Path:
+    """Write uint8 ``[F, H, W, 3]`` frames (H.264, yuv420p) and float samples in [-1, 1] (`audio_codec` "aac", or
+    "pcm_s16le" in a container that takes it, e.g. "matroska"; mono ``[n]`` or ``[channels, n]`` with 1 or 2
+    channels) to a `container_format` file ("mp4", "matroska", ...), atomically."""
     import av
 
     final = Path(path)
@@ -130,8 +214,12 @@ def write_clip(path: str | os.PathLike, frames: np.ndarray, samples: np.ndarray 
             video.pix_fmt = "yuv420p"
             if planes is not None:
                 layout = "mono" if planes.shape[0] == 1 else "stereo"
-                audio = container.add_stream("aac", rate=int(sample_rate), layout=layout)
-                frame = av.AudioFrame.from_ndarray(planes, format="fltp", layout=layout)
+                audio = container.add_stream(audio_codec, rate=int(sample_rate), layout=layout)
+                if audio_codec == "aac":
+                    frame = av.AudioFrame.from_ndarray(planes, format="fltp", layout=layout)
+                else:                                # packed 16-bit PCM
+                    pcm = np.round(np.clip(planes, -1, 1) * 32767).astype(np.int16).T.reshape(1, -1)
+                    frame = av.AudioFrame.from_ndarray(pcm, format="s16", layout=layout)
                 frame.sample_rate, frame.pts = int(sample_rate), 0
                 container.mux(audio.encode(frame))
                 container.mux(audio.encode(None))

@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
+import numpy as np
+
 from h3director.errors import InvalidInputError
 
 
@@ -38,15 +40,32 @@ def video_weight(index: int, overlap: int) -> float:
     return (index + 1) / (overlap + 1)
 
 
-def equal_power(position: float) -> tuple[float, float]:
-    """Equal-power gains ``(earlier, later) = (cos(pi t / 2), sin(pi t / 2))`` at `position` t in [0, 1]."""
-    return math.cos(math.pi * position / 2), math.sin(math.pi * position / 2)
+CORRELATED = 0.5
+"""Overlapping soundtracks whose normalised correlation is at least this are cross-faded linearly."""
+
+
+def fade_gains(earlier: np.ndarray, later: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
+    """Cross-fade gains for the overlap of two soundtracks ``[..., samples]`` (the same shape): ``(gains of the
+    earlier, gains of the later, "linear" or "equal power")``, one gain per sample at ``t = (i + 0.5) / samples``.
+
+    The law follows the measured correlation ``rho = <a, b> / (|a| |b|)`` of the two: at or above `CORRELATED`
+    (the later segment was conditioned on the earlier one's last frames, so their sound often matches) the fade
+    is linear, ``(1 - t, t)``, which keeps the level of matching sound (equal power would raise it by up to
+    3 dB at the middle); below it, or when either side is silent, equal power ``(cos(pi t / 2), sin(pi t / 2))``,
+    which keeps the level of unrelated sound."""
+    length = earlier.shape[-1]
+    t = (np.arange(length, dtype=np.float64) + 0.5) / max(length, 1)
+    a, b = np.asarray(earlier, np.float64), np.asarray(later, np.float64)
+    norms = float(np.sqrt((a * a).sum() * (b * b).sum()))
+    if norms > 0 and float((a * b).sum()) / norms >= CORRELATED:
+        return 1.0 - t, t, "linear"
+    return np.cos(np.pi * t / 2), np.sin(np.pi * t / 2), "equal power"
 
 
 @dataclass(frozen=True)
 class AudioRegion:
     """Output samples ``[start, stop)`` taken from segment `first` alone, or cross-faded from `first` into
-    `second` (equal power, over the whole region) when `second` is not None."""
+    `second` (over the whole region, by the law `fade_gains` picks) when `second` is not None."""
 
     start: int
     stop: int

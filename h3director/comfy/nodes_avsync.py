@@ -52,7 +52,8 @@ class AVSyncMeasure(io.ComfyNode):
             display_name="H3Director AV Sync Measure",
             category="H3 Director/frames",
             description="Measures how late the sound is against the picture (positive offset_ms = audio late): "
-                        "sound onsets against picture motion, cross-correlated with sub-millisecond refinement. "
+                        "sound onsets (the 20 % point of each rise) paired with picture onsets, a frame standing at its "
+                        "timestamp. "
                         "Without distinct events it says 'no usable events' (offset 0, confidence 0). To correct: "
                         "Frame Offset with audio_ms = -offset_ms, or offset = round(offset_ms * fps / 1000).",
             inputs=[

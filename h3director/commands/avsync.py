@@ -43,7 +43,8 @@ def _format(path: str, result) -> str:
     if not result.usable:
         return f"{path}: {result.reason}"
     lines = [f"{path}: offset {result.offset_ms:+.1f} ms ({'audio late' if result.offset_ms >= 0 else 'audio early'}),"
-             f" confidence {result.confidence:.2f} (peak {result.prominence:.1f} sd above the rest)"
+             f" confidence {result.confidence:.2f} ({result.pairs} of {min(result.picture_events, result.sound_events)} "
+             "events paired)"
              + ("" if result.reason == "ok" else f"; {result.reason}")]
     if result.drift_ms_per_min is not None:
         lines.append(f"drift: {result.drift_ms_per_min:+.1f} ms per minute along the file")

@@ -83,5 +83,6 @@ def run(args) -> int:
     print(f"wrote {report.path}: {report.frames} frames from {report.segments} segments "
           f"({report.overlap}-frame overlaps, {report.blend}), {report.samples} audio samples per channel, "
           f"{report.video_codec} {report.pix_fmt} + {report.audio_codec}"
-          + (f"; {padded} samples of silence padded at segment ends" if padded else ""))
+          + (f"; {padded} samples of silence padded at segment ends" if padded else "")
+          + (f"; audio cross-fades: {', '.join(report.audio_fades)}" if report.audio_fades else ""))
     return 0

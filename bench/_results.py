@@ -1,0 +1,67 @@
+"""Results files for benches: one JSON per bench run under bench/results/, with what produced it.
+
+`write_results(path, bench, arguments, data)` writes ``{"bench", "arguments", "code", "machine", "date", ...data}``
+atomically: `code` is the git commit of the checkout (and whether it had uncommitted changes), `machine` the
+platform, processor count, memory and library versions, `date` UTC ISO 8601. Documents quote these files; a
+number typed by hand has no such record.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def code_version() -> dict:
+    """{"commit": 40 hex digits or None outside git, "dirty": uncommitted changes to tracked files}."""
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True,
+                                  timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def machine() -> dict:
+    """Platform, processors, memory (bytes) and the versions of the libraries the benches measure through."""
+    import numpy
+
+    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "python": platform.python_version(), "numpy": numpy.__version__}
+    try:
+        import psutil
+
+        info["memory_bytes"] = int(psutil.virtual_memory().total)
+    except ImportError:
+        pass
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["cuda_device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        pass
+    return info
+
+
+def write_results(path: str | os.PathLike, bench: str, arguments: dict, data: dict) -> Path:
+    """Write the results JSON of one run of `bench` (its `arguments` and measured `data`) to `path`, atomically."""
+    from h3director.core.atomic_file import atomic_path
+
+    record = {"bench": bench, "arguments": arguments, "code": code_version(), "machine": machine(),
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **data}
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(target) as temporary:
+        Path(temporary).write_text(json.dumps(record, indent=1, default=float) + "\n")
+    return target
