@@ -17,7 +17,7 @@ from typing import Any
 
 from h3director import __version__
 from h3director.core import devices
-from h3director.errors import ConfigError
+from h3director.errors import ConfigError, install_command
 from h3director.units import format_size
 
 OPTIONAL_PACKAGES = ("diffusers", "av", "gguf", "safetensors", "matplotlib", "nvidia-ml-py", "comfyui")
@@ -163,7 +163,7 @@ def collect(config_path: str | None = None) -> Environment:
 
     backend = devices.cuda_allocator_backend()
     alloc_conf = {name: os.environ[name] for name in ALLOC_CONF_VARIABLES if name in os.environ}
-    nvml = "not installed (pip install 'h3director[nvml]')"
+    nvml = f"not installed ({install_command('nvml')})"
     try:
         import pynvml  # noqa: F401
 
