@@ -13,6 +13,7 @@ import platform
 import sys
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from h3director import __version__
@@ -70,34 +71,50 @@ def _torch_build(torch) -> str:
     return "CPU"
 
 
-def _native_core() -> str:
-    """One line on the native core: the C library in use, or the numpy fallback and why (not built,
-    or built but forced off by ``H3_NATIVE=numpy``)."""
+#: Where bench/native.py writes its results in a checkout (a pip install has no bench/: "not measured").
+NATIVE_RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "native.json"
+
+
+def native_fallback_cost(results: Path | None = None) -> str:
+    """How much slower the numpy fallback measured than the C library on the decode's frame packing, as one
+    phrase citing the results file (written by `bench/native.py`, with its date and machine), or
+    "not measured (no <path>)" when the file is absent or unreadable. `results`: default `NATIVE_RESULTS`."""
+    import json
+
+    path = Path(results) if results is not None else NATIVE_RESULTS
     try:
-        from h3director import native
+        data = json.loads(path.read_text())
+        pack = data["pack_frames"]
+        ratio = float(pack["fallback_over_c"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"not measured (no usable {path})"
+    shape = "x".join(str(n) for n in pack.get("shape", []))
+    where = ", ".join(str(v) for v in (data.get("date"), data.get("machine")) if v)
+    return (f"frame packing (decode to uint8/MP4) measured {ratio:.1f}x the C library's time"
+            f"{f' on float32 {shape}' if shape else ''} ({path.name}: {where})")
+
+
+def _native_core() -> str:
+    """One line on the native core: the C library in use (and whether it was built on first use), or the numpy
+    fallback, why (forced by ``H3_NATIVE=numpy``, no compiler, build failed) and its measured cost."""
+    try:
+        from h3director.native import _loader
     except ImportError:
         return "not built"
-    backend = getattr(native, "backend", None)
-    if backend is None:
-        return "not built"
-    try:
-        name = backend()
-    except Exception as exc:  # a broken build must show up here, not crash doctor
-        return f"error: {type(exc).__name__}: {exc}"
-    if name == "c":
-        return "C library (h3_core)"
-    if name != "numpy":
-        return str(name)
     forced = os.environ.get("H3_NATIVE", "").strip().lower() == "numpy"
     try:
-        native.implementation("c")
-        built = True
-    except Exception:  # noqa: BLE001 - ImportError when missing; anything else also means "not usable"
-        built = False
+        state = _loader.status()
+    except Exception as exc:  # noqa: BLE001 - a broken build must show up here, not crash doctor
+        return f"error: {type(exc).__name__}: {exc}"
+    if state.backend == "c" and not forced:
+        how = "built on first use" if state.built_now else "loaded"
+        return f"C library (h3_core) {how}: {state.library}"
     if forced:
-        return ("numpy fallback (C library built, forced off by H3_NATIVE=numpy)" if built
-                else "numpy fallback (forced by H3_NATIVE=numpy; the C library is not built either)")
-    return "numpy fallback (C library not built)"
+        why = ("C library built, forced off by H3_NATIVE=numpy" if state.backend == "c"
+               else f"forced by H3_NATIVE=numpy; the C library is not usable either: {state.reason}")
+    else:
+        why = f"C library not in use: {state.reason}"
+    return f"numpy fallback ({why}); cost: {native_fallback_cost()}"
 
 
 def _packages() -> dict[str, str | None]:
@@ -222,8 +239,10 @@ def collect(config_path: str | None = None) -> Environment:
         )
     if "forced off by H3_NATIVE" in env.native_core:
         warnings.append("native core forced off by H3_NATIVE=numpy: frame packing runs on the numpy fallback "
-                        "(same bytes, slower); unset H3_NATIVE to use the built C library")
+                        f"(same bytes, slower: {native_fallback_cost()}); unset H3_NATIVE to use the built C library")
     elif env.native_core == "not built" or env.native_core.startswith("numpy"):
-        warnings.append("native core not in use: frame packing runs on the numpy fallback (same bytes, slower)")
+        warnings.append("native core not in use: frame packing runs on the numpy fallback (same bytes, slower: "
+                        f"{native_fallback_cost()}); install a C compiler (cc, or set CC) and it is built on "
+                        "first use")
     env.warnings = warnings
     return env
