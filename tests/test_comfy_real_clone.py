@@ -1,4 +1,6 @@
-"""Audio off in a REAL ComfyUI server: a text-to-video workflow that never loads the H3 audio VAE.
+"""The pack as a clone runs it in a REAL ComfyUI server: audio off, the native core on first use, missing packages.
+
+Audio off: a text-to-video workflow that never loads the H3 audio VAE.
 
 ComfyUI's H3 nodes build an AV latent (`EmptyMiniMaxH3LatentAV`, `MiniMaxH3ImageToVideo`: no audio VAE input)
 and the DiT samples both streams; only decoding the audio needs the audio VAE. Here the workflow has no audio
@@ -6,7 +8,13 @@ VAE loader at all: UNETLoader (ComfyUI's own `MiniMaxH3Model`, tiny random weigh
 KSampler over `EmptyMiniMaxH3LatentAV` -> `H3DirectorDecodeAVStreaming` with only the video VAE (ComfyUI's H3
 video VAE class at a small width, `real_comfy.py`). Checks: the MP4 has every frame and no audio stream
 (PyAV), the AUDIO output is None, the report says the audio was not decoded, and ComfyUI's server log shows
-the video VAE loaded and no audio VAE. Same harness as tests/test_comfy_real.py (skips without ComfyUI).
+the video VAE loaded and no audio VAE.
+
+The server runs with an empty per-user native cache ($H3_NATIVE_CACHE): the decode report names the native
+core in use (built on first use where a C compiler exists). `gguf` is made unimportable in the server (a
+package of that name that raises ImportError comes first on its path), as in a clone whose requirements were
+not installed: the GGUF loader's error names ComfyUI's own interpreter and the pack's requirements.txt.
+Same harness as tests/test_comfy_real.py (skips without ComfyUI).
 """
 
 from __future__ import annotations
@@ -14,10 +22,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 from comfy_harness.server import (
     HARNESS,
+    comfyui_python,
     comfyui_server,
     prepare_base,
     submit,
@@ -28,6 +38,7 @@ from comfy_harness.vendored import real_comfyui_marks
 
 pytestmark = real_comfyui_marks()
 FRAMES = 22   # 17n+5: 7 latent frames
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +51,12 @@ def comfy(tmp_path_factory):
     write_tiny_vae_weights(base, test_nodes)
     (base / "models" / "vae" / "h3_tiny_audio.safetensors").unlink()   # nothing could load it by mistake
     write_tiny_dit_checkpoint(base)
-    with comfyui_server(base, extra_args=["--use-pytorch-cross-attention"]) as server:
+    (base / "models" / "diffusion_models" / "h3_dit_q4.gguf").write_bytes(b"GGUF")   # never read: gguf is missing
+    blocker = tmp_path_factory.mktemp("no-gguf") / "gguf"
+    blocker.mkdir()
+    (blocker / "__init__.py").write_text("raise ImportError(\"No module named 'gguf'\", name='gguf')\n")
+    env = {"PYTHONPATH": str(blocker.parent), "H3_NATIVE_CACHE": str(tmp_path_factory.mktemp("native-cache"))}
+    with comfyui_server(base, extra_args=["--use-pytorch-cross-attention"], env=env) as server:
         yield server
 
 
@@ -81,8 +97,25 @@ def test_video_only_workflow_never_loads_an_audio_vae(comfy, output):
         with av.open(str(comfy["base"] / "output" / video["subfolder"] / video["filename"])) as container:
             assert container.streams.video[0].frames == FRAMES
             assert len(container.streams.audio) == 0
+        [native] = [line for line in report.splitlines() if line.startswith("native core: ")]
+        in_use = "C library (h3_core)" if shutil.which("cc") or shutil.which("gcc") else "numpy fallback"
+        assert in_use in native, native
     # ComfyUI logs each model it loads ("Requested to load <class>"): the video VAE yes, no audio VAE ever.
     # (ComfyUI's classes: MiniMaxH3VideoVAE, MiniMaxH3AudioVAE in comfy/ldm/minimax/).
     loaded = re.findall(r"Requested to load (\w+)", comfy["log"].read_text())
     assert "MiniMaxH3VideoVAE" in loaded, loaded
     assert not any("Audio" in name for name in loaded), loaded
+
+
+def test_a_missing_package_names_comfyuis_own_interpreter_and_the_pack_requirements(comfy):
+    workflow = video_only_workflow("images")   # the same render, its DiT from a GGUF file
+    workflow["1"] = {"class_type": "H3DirectorGGUFDiTLoader", "inputs": {"gguf_name": "h3_dit_q4.gguf",
+                                                                         "weight_dtype": "default"}}
+    entry = submit(comfy, workflow)
+    assert entry["status"]["status_str"] == "error"
+    [error] = [data for kind, data in entry["status"]["messages"] if kind == "execution_error"]
+    message = error["exception_message"]
+    assert "reading GGUF files needs the 'gguf' package" in message, message
+    assert f'"{comfyui_python()}" -m pip install "gguf>=0.10"' in message, message
+    assert f'-r "{REPO / "requirements.txt"}"' in message, message
+    assert "h3director[gguf]" not in message

@@ -97,7 +97,7 @@ def test_first_use_builds_the_library_into_the_cache_and_loads_it(fresh_loader):
     assert library.parent.parent == fresh_loader and build.source_key() in library.parent.name
     assert [p.name for p in library.parent.iterdir()] == [library.name]          # no temporary file left
     assert sorted(p.name for p in build.SOURCE.parent.iterdir()) == source_tree  # nothing written beside the source
-    assert "built on first use" in environment._native_core()
+    assert "built on first use" in environment.native_core_line()
     frames = torch.rand(3, 2, 4, 4) * 2 - 1
     assert np.array_equal(native.pack_frames(frames, backend="c"), native.pack_frames(frames, backend="numpy"))
 
@@ -144,7 +144,7 @@ def test_without_a_compiler_the_fallback_is_used_and_reported(fresh_loader, tmp_
     assert state.backend == "numpy" and state.library is None and "no C compiler" in state.reason
     assert expected in state.reason, state.reason
     assert not fresh_loader.exists() or not any(fresh_loader.rglob("*.so"))
-    line = environment._native_core()
+    line = environment.native_core_line()
     assert line.startswith("numpy fallback (C library not in use") and expected in line, line
     assert "cost: " in line
     env_warnings = [w for w in environment.collect().warnings if "native core not in use" in w]

@@ -147,6 +147,10 @@ class DecodeAVStreaming(io.ComfyNode):
             report = stream_decode(adapter, video, sink, budget_bytes=budget, audio=audio_job,
                                    on_progress=_progress_callback(), config=config)
             report.notes.append(describe_buffers(report))
+            if output == OUTPUT_VIDEO:   # frames reach the MP4 through h3director.native.pack_frames
+                from h3director.core.environment import native_core_line
+
+                report.notes.append(f"native core: {native_core_line()}")
             if skipped_audio:
                 report.notes.append(AUDIO_SKIPPED_NOTE)
         audio_out = None if waveform is None else {"waveform": waveform, "sample_rate": audio_adapter.sample_rate}

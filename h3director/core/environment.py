@@ -94,8 +94,8 @@ def native_fallback_cost(results: Path | None = None) -> str:
             f"{f' on float32 {shape}' if shape else ''} ({path.name}: {where})")
 
 
-def _native_core() -> str:
-    """One line on the native core: the C library in use (and whether it was built on first use), or the numpy
+def native_core_line() -> str:
+    """One line on the native core (doctor's row, the decode node's report): the C library in use (and whether it was built on first use), or the numpy
     fallback, why (forced by ``H3_NATIVE=numpy``, no compiler, build failed) and its measured cost."""
     try:
         from h3director.native import _loader
@@ -197,7 +197,7 @@ def collect(config_path: str | None = None) -> Environment:
         devices=_device_list(torch),
         allocator_backend=backend,
         alloc_conf=alloc_conf,
-        native_core=_native_core(),
+        native_core=native_core_line(),
         config_path=path,
         config_level=level,
         features=features,
