@@ -113,7 +113,7 @@ def native_core_line() -> str:
         why = ("C library built, forced off by H3_NATIVE=numpy" if state.backend == "c"
                else f"forced by H3_NATIVE=numpy; the C library is not usable either: {state.reason}")
     else:
-        why = f"C library not in use: {state.reason}"
+        why = state.reason
     return f"numpy fallback ({why}); cost: {native_fallback_cost()}"
 
 

@@ -91,7 +91,7 @@ def _find() -> tuple[ctypes.CDLL | None, str]:
         path = build.build_cached()
         lib = open_library(path)
     except (OSError, AttributeError) as exc:
-        reasons.append(f"not built ({exc})")
+        reasons.append(str(exc))
         return None, "; ".join(reasons)
     _built_now = True
     _log.info("h3director.native: built %s on first use", path)

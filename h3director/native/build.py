@@ -68,8 +68,8 @@ def find_compiler() -> str:
     name = compiler()[0] if compiler() else "cc"
     found = shutil.which(name)
     if found is None:
-        where = f"$CC={os.environ['CC']!r}" if os.environ.get("CC") else f"{name!r} on PATH"
-        raise NoCompilerError(f"no C compiler ({where} not found)")
+        where = f"$CC={os.environ['CC']!r} not found" if os.environ.get("CC") else f"{name!r} not on PATH"
+        raise NoCompilerError(f"no C compiler ({where})")
     return found
 
 
