@@ -284,8 +284,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=["pack", "dequant", "arena"], action="append",
                         help="run only these sections (repeatable; default: all)")
     parser.add_argument("--results", default=RESULTS, help="results JSON to write (default: %(default)s)")
+    parser.add_argument("--render", action="store_true",
+                        help="print the fallback/C table of --results as markdown (for docs/BENCHMARKS.md) and exit")
     parser.add_argument("--pack-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.render:
+        print(render_results(args.results))
+        return 0
     if args.pack_child:
         print(json.dumps(pack_child(args.pack_child, args.frames, args.height, args.width, args.repeats)))
         return 0
@@ -305,6 +310,23 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("\nresults not written: the C library is unavailable, so there is no fallback/C ratio to record")
     return 0
+
+
+def render_results(path: str) -> str:
+    """The numpy fallback's cost over the C library from a results file, as a markdown table."""
+    with open(path) as f:
+        data = json.load(f)
+    lines = [f"`{os.path.relpath(path)}`: {data['date']}, {data['machine']}, load average {data['load_average']} "
+             f"when written, commit {data['commit']}", "",
+             "| operation | numpy fallback (s) | C, 1 thread (s) | fallback / C |", "|---|---:|---:|---:|"]
+    pack = data["pack_frames"]
+    lines.append(f"| pack_frames float32 {'x'.join(map(str, pack['shape']))} -> uint8 ({pack['statistic']} of "
+                 f"{pack['repeats']}) | {pack['numpy_seconds']:.3f} | {pack['c_seconds']:.3f} | "
+                 f"**{pack['fallback_over_c']:.1f}x** |")
+    for name, row in data.get("dequantize", {}).items():
+        lines.append(f"| dequantize {name}, {row['values']} values -> float32 ({row['statistic']}) | "
+                     f"{row['numpy_seconds']:.4f} | {row['c_seconds']:.4f} | {row['fallback_over_c']:.1f}x |")
+    return "\n".join(lines)
 
 
 def write_results(path: str) -> None:
