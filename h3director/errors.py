@@ -50,8 +50,9 @@ def pack_requirements_file():
     (`<pack>/h3director/` beside `<pack>/requirements.txt`), else None (e.g. a pip install)."""
     from pathlib import Path
 
-    candidate = Path(__file__).resolve().parent.parent / "requirements.txt"
-    return candidate if candidate.is_file() else None
+    pack = Path(__file__).resolve().parent.parent
+    candidate = pack / "requirements.txt"
+    return candidate if candidate.is_file() and (pack / "_h3_bootstrap.py").is_file() else None
 
 
 def install_command(extra: str) -> str:
