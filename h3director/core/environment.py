@@ -95,8 +95,9 @@ def native_fallback_cost(results: Path | None = None) -> str:
 
 
 def native_core_line() -> str:
-    """One line on the native core (doctor's row, the decode node's report): the C library in use (and whether it was built on first use), or the numpy
-    fallback, why (forced by ``H3_NATIVE=numpy``, no compiler, build failed) and its measured cost."""
+    """One line on the native core (doctor's row, the decode node's report): the C library in use and whether
+    this process built it on first use, or the numpy fallback, why (forced by ``H3_NATIVE=numpy``, no compiler,
+    build failed) and its measured cost (`native_fallback_cost`). Loads (and on first use builds) the library."""
     try:
         from h3director.native import _loader
     except ImportError:
