@@ -11,6 +11,12 @@
    buffer, one uint8 frame buffer, four small buffers), at the C level (both through ctypes) and
    at the Python level (Arena.lease + numpy view vs np.empty, with the buffers' pages written).
 Prints markdown tables; absolute times are this machine's, the ratios are the result.
+
+With the C library available, also writes `--results` (default bench/results/native.json): the numpy
+fallback's time over the C library's (1 thread) for pack_frames (what a decode to uint8 frames or an MP4
+runs per clip) and for each dequantisation type, with the date, machine and code version.
+`h3director doctor` and the ComfyUI decode node's report cite the pack_frames ratio from that file when the
+fallback is in use.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from _timing import best_seconds, median_seconds
 
 from h3director import native
 
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "native.json")
+MEASURED: dict = {}   # filled by the sections, written to --results
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
@@ -121,6 +129,11 @@ def bench_pack(args) -> list[str]:
                str(args.height), "--width", str(args.width), "--repeats", str(args.repeats)]
         rows[name] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     base = rows["torch expression + permute to [F,H,W,C]"]["seconds"]
+    if "native C, 1 thread" in rows:
+        numpy_s, c_s = rows["native numpy fallback"]["seconds"], rows["native C, 1 thread"]["seconds"]
+        MEASURED["pack_frames"] = {"shape": [3, args.frames, args.height, args.width], "dtype": "float32",
+                                   "numpy_seconds": numpy_s, "c_seconds": c_s, "fallback_over_c": numpy_s / c_s,
+                                   "repeats": args.repeats, "statistic": "median"}
     lines = [
         f"pack_frames, float32 [3, {args.frames}, {args.height}, {args.width}] -> uint8 "
         f"[{args.frames}, {args.height}, {args.width}, 3] (output {out_bytes / 2**20:.0f} MiB); "
@@ -173,6 +186,9 @@ def bench_dequant(args) -> list[str]:
             t_c1 = best_seconds(partial(native.dequantize, data, name, out=out, backend="c"), many)
             t_c2 = best_seconds(partial(native.dequantize, data, name, out=out, threads=2, backend="c"), many)
             assert np.array_equal(out.view(np.uint32), ref.view(np.uint32))
+            MEASURED.setdefault("dequantize", {})[name] = {
+                "values": args.values, "numpy_seconds": t_np, "c_seconds": t_c1, "fallback_over_c": t_np / t_c1,
+                "statistic": "best"}
             row += (f" {t_c1 * 1e3:.2f} | {t_c2 * 1e3:.2f} | {memcpy * 1e3:.2f} | {t_gguf / t_c1:.1f}x | "
                     f"{t_gguf / t_c2:.1f}x | {t_c1 / memcpy:.2f} |")
         else:
@@ -267,8 +283,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", choices=["pack", "dequant", "arena"], action="append",
                         help="run only these sections (repeatable; default: all)")
+    parser.add_argument("--results", default=RESULTS, help="results JSON to write (default: %(default)s)")
+    parser.add_argument("--render", action="store_true",
+                        help="print the fallback/C table of --results as markdown (for docs/BENCHMARKS.md) and exit")
     parser.add_argument("--pack-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.render:
+        print(render_results(args.results))
+        return 0
     if args.pack_child:
         print(json.dumps(pack_child(args.pack_child, args.frames, args.height, args.width, args.repeats)))
         return 0
@@ -282,7 +304,50 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print("\n".join(section(args)))
         sys.stdout.flush()
+    if MEASURED:
+        write_results(args.results)
+        print(f"\nresults: {args.results}")
+    else:
+        print("\nresults not written: the C library is unavailable, so there is no fallback/C ratio to record")
     return 0
+
+
+def render_results(path: str) -> str:
+    """The numpy fallback's cost over the C library from a results file, as a markdown table."""
+    with open(path) as f:
+        data = json.load(f)
+    lines = [f"`{os.path.relpath(path)}`: {data['date']}, {data['machine']}, load average {data['load_average']} "
+             f"when written, commit {data['commit']}", "",
+             "| operation | numpy fallback (s) | C, 1 thread (s) | fallback / C |", "|---|---:|---:|---:|"]
+    pack = data["pack_frames"]
+    lines.append(f"| pack_frames float32 {'x'.join(map(str, pack['shape']))} -> uint8 ({pack['statistic']} of "
+                 f"{pack['repeats']}) | {pack['numpy_seconds']:.3f} | {pack['c_seconds']:.3f} | "
+                 f"**{pack['fallback_over_c']:.1f}x** |")
+    for name, row in data.get("dequantize", {}).items():
+        lines.append(f"| dequantize {name}, {row['values']} values -> float32 ({row['statistic']}) | "
+                     f"{row['numpy_seconds']:.4f} | {row['c_seconds']:.4f} | {row['fallback_over_c']:.1f}x |")
+    return "\n".join(lines)
+
+
+def write_results(path: str) -> None:
+    """The measured ratios with the code version and machine, as JSON (write-then-rename)."""
+    import h3director
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=os.path.dirname(os.path.abspath(__file__)), check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    data = {"bench": "bench/native.py", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+            "load_average": round(os.getloadavg()[0], 1), "torch_threads": torch.get_num_threads(),
+            "h3director": h3director.__version__, "commit": commit, "backend": native.describe(), **MEASURED}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -83,12 +83,37 @@ def test_video_file_mode_writes_mp4_with_audio_in_output_folder(video_vae, outpu
     assert "saved:" in report
 
 
+@pytest.mark.parametrize("output", ["video_file", "images"])
+def test_av_latent_without_audio_vae_decodes_the_video_only(video_vae, output_dir, output):
+    """Audio off: an AV latent and no audio_vae give the same frames as the video latent alone, no audio stream,
+    audio output None, and the report says the audio was not decoded."""
+    import av
+
+    from h3director.comfy.nodes_decode import AUDIO_SKIPPED_NOTE
+
+    video = _latent(t=7, h=8, w=8)
+    audio = torch.randn(1, 32, 2, 12, generator=torch.Generator().manual_seed(5))
+    out = _decode_node().execute({"samples": Nested((video, audio))}, video_vae, output, "videoonly/h3", 24.0, 18)
+    images, audio_out, report = out.args
+    reference = vae_decode_node(video_vae, {"samples": video})
+    assert audio_out is None
+    assert AUDIO_SKIPPED_NOTE in report.splitlines()
+    if output == "images":
+        assert torch.equal(images, reference)
+        return
+    assert torch.equal(images, reference[-1:])
+    [path] = (output_dir / "videoonly").iterdir()
+    with av.open(str(path)) as container:
+        assert container.streams.video[0].frames == reference.shape[0]
+        assert len(container.streams.audio) == 0
+
+
 def test_bad_inputs_are_refused_before_decoding(video_vae, output_dir):
     node = _decode_node()
     with pytest.raises(InvalidInputError, match="image latent"):
         node.execute({"samples": torch.zeros(1, 4, 8, 8)}, video_vae, "images", "v", 24.0, 18)
-    with pytest.raises(InvalidInputError, match="no audio_vae"):
-        node.execute({"samples": Nested((_latent(3, 8, 8), torch.zeros(1, 32, 2, 10)))}, video_vae,
+    with pytest.raises(InvalidInputError, match="audio latent"):   # checked even when the audio is not decoded
+        node.execute({"samples": Nested((_latent(3, 8, 8), torch.zeros(1, 32, 3, 10)))}, video_vae,
                      "video_file", "v", 24.0, 18)
     with pytest.raises(InvalidInputError, match="NaN"):
         node.execute({"samples": torch.full((1, 24, 3, 8, 8), float("nan"))}, video_vae, "images", "v", 24.0, 18)

@@ -157,7 +157,8 @@ def test_wrong_latent_is_a_node_error(comfy):
     assert not (comfy["base"] / "output" / "bad").exists() or not any((comfy["base"] / "output" / "bad").iterdir())
 
 
-@pytest.mark.parametrize("name", ["h3_t2v_streaming_api.json", "h3_i2v_streaming_api.json",
+@pytest.mark.parametrize("name", ["h3_t2v_streaming_api.json", "h3_t2v_video_only_api.json",
+                                  "h3_i2v_streaming_api.json",
                                   "h3_decode_latent_streaming_api.json", "h3_long_chain_api.json",
                                   "h3_keyframe_detail_api.json"])
 def test_example_workflows_match_the_real_node_definitions(comfy, name):

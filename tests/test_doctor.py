@@ -19,10 +19,10 @@ def _c_library_loads() -> bool:
 @pytest.mark.skipif(not _c_library_loads(), reason="the C library is not built in this checkout")
 def test_a_built_library_forced_off_is_not_reported_as_not_built(monkeypatch):
     monkeypatch.setenv("H3_NATIVE", "numpy")
-    line = environment._native_core()
+    line = environment.native_core_line()
     assert "forced off by H3_NATIVE=numpy" in line and "not built" not in line, line
     monkeypatch.delenv("H3_NATIVE")
-    assert environment._native_core().startswith("C library (h3_core)")
+    assert environment.native_core_line().startswith("C library (h3_core)")
 
 
 def test_doctor_blames_the_variable_for_an_invalid_environment_override(monkeypatch, tmp_path):

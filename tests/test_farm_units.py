@@ -203,7 +203,7 @@ def test_ray_client_without_its_package_says_what_to_install(tmp_path):
         argv = ["farm", "run", str(jobs), "--address", address, "--comfyui", str(tmp_path), "--out", str(tmp_path / "out")]
         hidden = f"import sys; sys.modules['grpc'] = None; from h3director.cli import main; sys.exit(main({argv!r}))"
         done = subprocess.run([sys.executable, "-c", hidden], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "pip install 'ray[client]'" in done.stderr, done.stderr
+    assert done.returncode == 2 and "pip install 'h3director[farm]'" in done.stderr, done.stderr
 
 
 def test_a_decode_without_a_budget_input_has_only_the_stock_rung(folder):

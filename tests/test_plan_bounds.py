@@ -215,3 +215,4 @@ def test_no_audio_drops_the_audio_vae_and_its_output_but_not_the_sampled_audio_r
     assert phase_off["sampling"] == phase["sampling"]
     assert phase_off["decode"].weights_bytes < phase["decode"].weights_bytes
     assert phase_off["decode"].host_bytes < phase["decode"].host_bytes
+    assert "audio VAE fp32" in phase["decode"].detail and "audio VAE not loaded" in phase_off["decode"].detail

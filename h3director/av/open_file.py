@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from h3director.errors import InvalidInputError
+from h3director.errors import InvalidInputError, missing_package
 
 
 def import_av():
@@ -13,7 +13,7 @@ def import_av():
     try:
         import av
     except ImportError as exc:  # pragma: no cover - av is a declared dependency of the "video" extra
-        raise InvalidInputError("reading and writing media files needs PyAV: pip install 'h3director[video]'") from exc
+        raise InvalidInputError(missing_package("reading and writing media files", "PyAV", "video")) from exc
     return av
 
 

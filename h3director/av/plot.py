@@ -10,7 +10,7 @@ import numpy as np
 
 from h3director.av.envelopes import GRID_S
 from h3director.av.measure import AVSyncResult
-from h3director.errors import H3DirectorError
+from h3director.errors import H3DirectorError, missing_package
 
 
 def envelope_rgb(result: AVSyncResult, width_px: int = 960, height_px: int = 480) -> np.ndarray:
@@ -21,7 +21,7 @@ def envelope_rgb(result: AVSyncResult, width_px: int = 960, height_px: int = 480
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:  # pragma: no cover - matplotlib is a declared dependency of the "plot" extra
-        raise H3DirectorError("plotting needs matplotlib: pip install 'h3director[plot]'") from exc
+        raise H3DirectorError(missing_package("plotting", "matplotlib", "plot")) from exc
     dpi = 100
     figure = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi)
     canvas = FigureCanvasAgg(figure)

@@ -200,7 +200,9 @@ def write_clip(path: str | os.PathLike, frames: np.ndarray, samples: np.ndarray 
     """Write uint8 ``[F, H, W, 3]`` frames (H.264, yuv420p) and float samples in [-1, 1] (`audio_codec` "aac", or
     "pcm_s16le" in a container that takes it, e.g. "matroska"; mono ``[n]`` or ``[channels, n]`` with 1 or 2
     channels) to a `container_format` file ("mp4", "matroska", ...), atomically."""
-    import av
+    from h3director.av.open_file import import_av
+
+    av = import_av()
 
     final = Path(path)
     planes = None if samples is None else np.atleast_2d(np.asarray(samples, np.float32))

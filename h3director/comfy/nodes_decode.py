@@ -10,6 +10,8 @@ from h3director.units import GiB, format_size
 
 OUTPUT_VIDEO = "video_file"
 OUTPUT_IMAGES = "images"
+#: The report line of a video-only decode of an AV latent (audio_vae left unconnected).
+AUDIO_SKIPPED_NOTE = "audio not decoded: no audio VAE connected (video only; no audio stream, audio output None)"
 
 
 def _report_text(report, target: str | None) -> str:
@@ -57,12 +59,15 @@ class DecodeAVStreaming(io.ComfyNode):
                 "Decodes a MiniMax H3 AV latent (or a plain H3 video latent) clip by clip through ComfyUI's "
                 "VAE, bit-identical to VAE Decode. 'video_file' encodes each finished clip straight into an "
                 "MP4 (audio muxed) in the output folder, so memory stays flat in video length; 'images' "
-                "returns IMAGE frames (one float32 buffer, half of VAE Decode's peak)."),
+                "returns IMAGE frames (one float32 buffer, half of VAE Decode's peak). Leave audio_vae "
+                "unconnected for a video-only result: the audio latent is not decoded, the MP4 has no audio "
+                "stream and the audio output is None, and no audio VAE needs to be loaded anywhere."),
             inputs=[
                 io.Latent.Input("samples", tooltip="H3 AV latent (video + audio) or plain H3 video latent."),
                 io.Vae.Input("vae", tooltip="MiniMax H3 video VAE (VAELoader)."),
                 io.Vae.Input("audio_vae", optional=True,
-                             tooltip="MiniMax H3 audio VAE; needed when the latent carries audio."),
+                             tooltip="MiniMax H3 audio VAE. Unconnected: video only (an AV latent's audio "
+                                     "is not decoded; no audio stream, audio output None)."),
                 io.Combo.Input("output", options=[OUTPUT_VIDEO, OUTPUT_IMAGES], default=OUTPUT_VIDEO),
                 io.String.Input("filename_prefix", default="video/H3Director",
                                 tooltip="Relative to ComfyUI's output folder (video_file mode)."),
@@ -102,12 +107,9 @@ class DecodeAVStreaming(io.ComfyNode):
         if output == OUTPUT_VIDEO and video.shape[0] != 1:
             raise InvalidInputError(f"video_file mode writes one video; the latent has batch {video.shape[0]} "
                                     f"(use output 'images', or split the batch)")
-        if av_latent.audio is not None and audio_vae is None:
-            raise InvalidInputError("the latent carries audio but no audio_vae is connected: connect the MiniMax "
-                                    "H3 audio VAE, or pass a video-only latent")
-
+        skipped_audio = av_latent.audio is not None and audio_vae is None
         adapter = ComfyH3VideoAdapter(vae)
-        audio_adapter = ComfyH3AudioAdapter(audio_vae) if av_latent.audio is not None else None
+        audio_adapter = ComfyH3AudioAdapter(audio_vae) if av_latent.audio is not None and not skipped_audio else None
         if audio_adapter is not None:
             audio_adapter.validate(av_latent.audio)
         adapter.validate(video)
@@ -135,7 +137,8 @@ class DecodeAVStreaming(io.ComfyNode):
 
         config = pack_config()
         if not config.features().streaming_decode:
-            return _reference_decode(vae, video, av_latent.audio, audio_adapter, output, target, fps, crf)
+            return _reference_decode(vae, video, av_latent.audio, audio_adapter, output, target, fps, crf,
+                                     skipped_audio)
         budget = int(budget_gb * GiB) if budget_gb else None
         with phase("H3 streaming decode"):
             # audio first: loading the audio VAE may move the video VAE off the device
@@ -144,6 +147,12 @@ class DecodeAVStreaming(io.ComfyNode):
             report = stream_decode(adapter, video, sink, budget_bytes=budget, audio=audio_job,
                                    on_progress=_progress_callback(), config=config)
             report.notes.append(describe_buffers(report))
+            if output == OUTPUT_VIDEO:   # frames reach the MP4 through h3director.native.pack_frames
+                from h3director.core.environment import native_core_line
+
+                report.notes.append(f"native core: {native_core_line()}")
+            if skipped_audio:
+                report.notes.append(AUDIO_SKIPPED_NOTE)
         audio_out = None if waveform is None else {"waveform": waveform, "sample_rate": audio_adapter.sample_rate}
         text = _report_text(report, str(target.path) if target else None)
         if output == OUTPUT_VIDEO:
@@ -152,7 +161,8 @@ class DecodeAVStreaming(io.ComfyNode):
         return io.NodeOutput(report.result, audio_out, text)
 
 
-def _reference_decode(vae, video, audio_latent, audio_adapter, output, target, fps, crf) -> io.NodeOutput:
+def _reference_decode(vae, video, audio_latent, audio_adapter, output, target, fps, crf,
+                      skipped_audio: bool = False) -> io.NodeOutput:
     """Memory level 0: ComfyUI's own `vae.decode` of the whole video (what VAE Decode runs), no streaming.
 
     'images' returns its IMAGE as it is; 'video_file' encodes those frames (already display pixels in
@@ -171,6 +181,8 @@ def _reference_decode(vae, video, audio_latent, audio_adapter, output, target, f
         images = images.reshape(-1, *images.shape[-3:])
     audio_out = None if waveform is None else {"waveform": waveform, "sample_rate": audio_adapter.sample_rate}
     lines = [f"frames: {images.shape[0]} in one call, {time.perf_counter() - started:.1f} s", REFERENCE_NOTE]
+    if skipped_audio:
+        lines.append(AUDIO_SKIPPED_NOTE)
     if output != OUTPUT_VIDEO:
         return io.NodeOutput(images, audio_out, "\n".join(lines))
     from h3director.video.sinks import VideoFileSink

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from h3director.errors import InvalidInputError
+from h3director.errors import InvalidInputError, missing_package
 
 HELP = ("Render farm on Ray: run a JSONL batch of ComfyUI or diffusers H3 jobs placed by predicted memory; "
         "show a run's status.")
@@ -44,7 +44,7 @@ def _require_farm_extra() -> None:
         import ray  # noqa: F401
         import rich  # noqa: F401
     except ImportError as error:
-        raise InvalidInputError(f"the farm needs the 'farm' extra: pip install 'h3director[farm]' ({error})") from None
+        raise InvalidInputError(f"{missing_package('the farm', 'Ray and rich', 'farm')} ({error})") from None
 
 
 def _default_workers():

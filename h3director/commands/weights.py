@@ -16,7 +16,7 @@ import json
 import math
 import sys
 
-from h3director.errors import BudgetError, H3DirectorError, InvalidInputError
+from h3director.errors import BudgetError, H3DirectorError, InvalidInputError, missing_package
 from h3director.units import format_size, parse_size
 
 HELP = "Inspect, convert (safetensors -> GGUF), slim and verify weight files."
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:  # unreadable input, full disk ...: one line, no traceback
         raise InvalidInputError(f"{exc.strerror or exc} ({exc.filename or ''})".strip()) from None
     except ImportError as exc:
-        raise InvalidInputError(f"missing package {exc.name!r}: pip install 'h3director[gguf]'") from None
+        raise InvalidInputError(missing_package("h3director weights", f"the {exc.name!r} package", "gguf")) from None
 
 
 # ---------------------------------------------------------------------------------------------- inspect

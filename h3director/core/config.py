@@ -57,6 +57,7 @@ ENV_NOT_CONFIG = frozenset({
     "H3_CONFIG",          # the config file itself (this module, comfy/settings.py)
     "H3_NATIVE",          # native core backend: "numpy" or "c" (native/__init__.py)
     "H3_NATIVE_LIB",      # path of the compiled native library (native/_loader.py)
+    "H3_NATIVE_CACHE",    # folder of the native libraries built on first use (native/build.py)
     "H3_KERNEL_CACHE",    # the DiT kernel verification cache file (dit/kernel_cache.py)
     "H3_TORCH_VERSION",   # the torch version scripts/setup.sh installs
     "H3_COMFYUI_TARBALL",  # the ComfyUI snapshot scripts/setup_comfyui.sh unpacks

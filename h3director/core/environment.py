@@ -13,11 +13,12 @@ import platform
 import sys
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from h3director import __version__
 from h3director.core import devices
-from h3director.errors import ConfigError
+from h3director.errors import ConfigError, install_command
 from h3director.units import format_size
 
 OPTIONAL_PACKAGES = ("diffusers", "av", "gguf", "safetensors", "matplotlib", "nvidia-ml-py", "comfyui")
@@ -70,34 +71,51 @@ def _torch_build(torch) -> str:
     return "CPU"
 
 
-def _native_core() -> str:
-    """One line on the native core: the C library in use, or the numpy fallback and why (not built,
-    or built but forced off by ``H3_NATIVE=numpy``)."""
+#: Where bench/native.py writes its results in a checkout (a pip install has no bench/: "not measured").
+NATIVE_RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "native.json"
+
+
+def native_fallback_cost(results: Path | None = None) -> str:
+    """How much slower the numpy fallback measured than the C library on the decode's frame packing, as one
+    phrase citing the results file (written by `bench/native.py`, with its date and machine), or
+    "not measured (no <path>)" when the file is absent or unreadable. `results`: default `NATIVE_RESULTS`."""
+    import json
+
+    path = Path(results) if results is not None else NATIVE_RESULTS
     try:
-        from h3director import native
+        data = json.loads(path.read_text())
+        pack = data["pack_frames"]
+        ratio = float(pack["fallback_over_c"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"not measured (no usable {path})"
+    shape = "x".join(str(n) for n in pack.get("shape", []))
+    where = ", ".join(str(v) for v in (data.get("date"), data.get("machine")) if v)
+    return (f"frame packing (decode to uint8/MP4) measured {ratio:.1f}x the C library's time"
+            f"{f' on float32 {shape}' if shape else ''} ({path.name}: {where})")
+
+
+def native_core_line() -> str:
+    """One line on the native core (doctor's row, the decode node's report): the C library in use and whether
+    this process built it on first use, or the numpy fallback, why (forced by ``H3_NATIVE=numpy``, no compiler,
+    build failed) and its measured cost (`native_fallback_cost`). Loads (and on first use builds) the library."""
+    try:
+        from h3director.native import _loader
     except ImportError:
         return "not built"
-    backend = getattr(native, "backend", None)
-    if backend is None:
-        return "not built"
-    try:
-        name = backend()
-    except Exception as exc:  # a broken build must show up here, not crash doctor
-        return f"error: {type(exc).__name__}: {exc}"
-    if name == "c":
-        return "C library (h3_core)"
-    if name != "numpy":
-        return str(name)
     forced = os.environ.get("H3_NATIVE", "").strip().lower() == "numpy"
     try:
-        native.implementation("c")
-        built = True
-    except Exception:  # noqa: BLE001 - ImportError when missing; anything else also means "not usable"
-        built = False
+        state = _loader.status()
+    except Exception as exc:  # noqa: BLE001 - a broken build must show up here, not crash doctor
+        return f"error: {type(exc).__name__}: {exc}"
+    if state.backend == "c" and not forced:
+        how = "built on first use" if state.built_now else "loaded"
+        return f"C library (h3_core) {how}: {state.library}"
     if forced:
-        return ("numpy fallback (C library built, forced off by H3_NATIVE=numpy)" if built
-                else "numpy fallback (forced by H3_NATIVE=numpy; the C library is not built either)")
-    return "numpy fallback (C library not built)"
+        why = ("C library built, forced off by H3_NATIVE=numpy" if state.backend == "c"
+               else f"forced by H3_NATIVE=numpy; the C library is not usable either: {state.reason}")
+    else:
+        why = state.reason
+    return f"numpy fallback ({why}); cost: {native_fallback_cost()}"
 
 
 def _packages() -> dict[str, str | None]:
@@ -163,7 +181,7 @@ def collect(config_path: str | None = None) -> Environment:
 
     backend = devices.cuda_allocator_backend()
     alloc_conf = {name: os.environ[name] for name in ALLOC_CONF_VARIABLES if name in os.environ}
-    nvml = "not installed (pip install 'h3director[nvml]')"
+    nvml = f"not installed ({install_command('nvml')})"
     try:
         import pynvml  # noqa: F401
 
@@ -180,7 +198,7 @@ def collect(config_path: str | None = None) -> Environment:
         devices=_device_list(torch),
         allocator_backend=backend,
         alloc_conf=alloc_conf,
-        native_core=_native_core(),
+        native_core=native_core_line(),
         config_path=path,
         config_level=level,
         features=features,
@@ -222,8 +240,10 @@ def collect(config_path: str | None = None) -> Environment:
         )
     if "forced off by H3_NATIVE" in env.native_core:
         warnings.append("native core forced off by H3_NATIVE=numpy: frame packing runs on the numpy fallback "
-                        "(same bytes, slower); unset H3_NATIVE to use the built C library")
+                        f"(same bytes, slower: {native_fallback_cost()}); unset H3_NATIVE to use the built C library")
     elif env.native_core == "not built" or env.native_core.startswith("numpy"):
-        warnings.append("native core not in use: frame packing runs on the numpy fallback (same bytes, slower)")
+        warnings.append("native core not in use: frame packing runs on the numpy fallback (same bytes, slower: "
+                        f"{native_fallback_cost()}); install a C compiler (cc, or set CC) and it is built on "
+                        "first use")
     env.warnings = warnings
     return env

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from h3director.core.atomic_file import atomic_path
 from h3director.core.pool import SlotPool
+from h3director.errors import missing_package
 from h3director.units import format_size
 
 FREE, LEASED, FALLBACK, EMPTY = 0, 1, 2, 3
@@ -75,7 +76,7 @@ def save_pool_heatmap(pool: SlotPool, path: str | os.PathLike, *, columns: int |
         from matplotlib.figure import Figure
         from matplotlib.patches import Patch
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("the pool heatmap needs matplotlib: pip install 'h3director[plot]'") from exc
+        raise ImportError(missing_package("the pool heatmap", "matplotlib", "plot")) from exc
 
     heatmap = pool_heatmap(pool, columns=columns)
     path = Path(path)

@@ -27,11 +27,9 @@ def _require_matplotlib():
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        from h3director.errors import H3DirectorError
+        from h3director.errors import H3DirectorError, missing_package
 
-        raise H3DirectorError(
-            "plotting needs matplotlib: pip install 'h3director[plot]'"
-        ) from None
+        raise H3DirectorError(missing_package("plotting", "matplotlib", "plot")) from None
     return Figure, FigureCanvasAgg
 
 

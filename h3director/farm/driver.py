@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from h3director.errors import BudgetError, H3DirectorError, InvalidInputError
+from h3director.errors import BudgetError, H3DirectorError, InvalidInputError, missing_package
 from h3director.farm import needs
 from h3director.farm.diffusers_job import request as diffusers_request
 from h3director.farm.jobs import Job, read_jobs, unknown_classes
@@ -104,9 +104,9 @@ def connect(address: str | None, workers: list[needs.WorkerSpec], *, timeout_s: 
             raise InvalidInputError(f"--address must be local, auto, ray://HOST:PORT or HOST:PORT, got {address!r}")
         _check_reachable(parsed.hostname, parsed.port, address, timeout_s)
         if parsed.scheme == "ray" and importlib.util.find_spec("grpc") is None:
-            raise InvalidInputError(f"--address {address} goes through Ray Client, which needs "
-                                    "pip install 'ray[client]' here; inside the cluster give the GCS address "
-                                    "HOST:6379 instead")
+            raise InvalidInputError(missing_package(f"--address {address} goes through Ray Client, which",
+                                                    "'ray[client]' here", "farm")
+                                    + "; inside the cluster give the GCS address HOST:6379 instead")
     try:
         ray.init(address=address, **options)
     except ConnectionError as error:

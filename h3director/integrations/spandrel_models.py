@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from h3director.errors import InvalidInputError
+from h3director.errors import InvalidInputError, missing_package
 from h3director.video.upscale import UpscaleModel
 from h3director.video.upscale_field import derive_field
 
@@ -23,8 +23,10 @@ EXACT_ARCHITECTURES = frozenset({"ESRGAN", "Compact", "PLKSR"})
 """spandrel architecture ids whose every operation is a local convolution, pointwise or nearest resampling:
 ESRGAN/RRDB (also the pixel-unshuffle x1/x2 variants), RealESRGAN Compact (SRVGGNetCompact) and PLKSR (large-kernel
 convolutions; spandrel gives RealPLKSR the same id, but its GroupNorm stops the derivation, so it is not exact)."""
-INSTALL_HINT = ("loading upscale models needs spandrel (which needs torchvision): "
-                "pip install 'h3director[upscale]' in an environment whose torch has a matching torchvision")
+def install_hint() -> str:
+    """Why spandrel could not be imported and the command that installs it where this runs."""
+    return missing_package("loading upscale models", "spandrel (which needs torchvision)", "upscale") \
+        + " (in an environment whose torch has a matching torchvision)"
 
 
 def import_spandrel():
@@ -32,7 +34,7 @@ def import_spandrel():
     try:
         import spandrel
     except ImportError as exc:
-        raise InvalidInputError(f"{INSTALL_HINT} ({exc})") from None
+        raise InvalidInputError(f"{install_hint()} ({exc})") from None
     return spandrel
 
 

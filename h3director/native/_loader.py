@@ -1,9 +1,12 @@
-"""Find, load and check the compiled h3_core library (ctypes).
+"""Find, load and check the compiled h3_core library (ctypes); build it on first use where it is missing.
 
-Search order: the path in $H3_NATIVE_LIB (used by the sanitizer test build), then
-``_h3_core<ext-suffix>`` (and any other ``_h3_core*.so``) next to this file. The library must
-report ``h3_abi_version() == ABI_VERSION``; otherwise the numpy fallback is used and one warning
-line says why (unless $H3_NATIVE=c, which turns that into an error).
+Search order: the path in $H3_NATIVE_LIB (used by the sanitizer test build; when set, nothing else is
+tried), then ``_h3_core<ext-suffix>`` (and any other ``_h3_core*.so``) next to this file (what `pip install`
+builds), then the per-user cache of `build.cached_library_path()`. When none loads and a C compiler exists,
+the library is built into that cache once (`build.build_cached`: a few seconds, atomic, shared by every
+process and clone of the same source) and loaded. The library must report ``h3_abi_version() ==
+ABI_VERSION``; otherwise the numpy fallback is used and one warning line says why (unless $H3_NATIVE=c,
+which turns that into an error). `status()` says which backend is in use, from where, and why.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import ctypes
 import logging
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -20,7 +24,8 @@ LIBRARY_ENV = "H3_NATIVE_LIB"
 
 _log = logging.getLogger("h3director.native")
 _lock = threading.Lock()
-_loaded: tuple[ModuleType | None, str] | None = None  # (the C backend module or None, why not)
+_loaded: tuple[ModuleType | None, str] | None = None  # (the C backend module or None, where it is / why not)
+_built_now = False  # this process compiled the library it loaded (first use)
 
 _i64, _u64, _int, _ptr = ctypes.c_int64, ctypes.c_uint64, ctypes.c_int, ctypes.c_void_p
 _SIGNATURES = {
@@ -48,8 +53,10 @@ def candidates() -> list[Path]:
     paths = []
     if os.environ.get(LIBRARY_ENV):
         paths.append(Path(os.environ[LIBRARY_ENV]))
+        return paths
     paths.append(here / build.library_filename())
     paths.extend(sorted(p for p in here.glob(build.LIBRARY_STEM + "*.so") if p not in paths))
+    paths.append(build.cached_library_path())
     return paths
 
 
@@ -67,16 +74,28 @@ def open_library(path: Path) -> ctypes.CDLL:
 
 
 def _find() -> tuple[ctypes.CDLL | None, str]:
+    global _built_now
     reasons = []
     for path in candidates():
         if not path.exists():
-            reasons.append(f"{path.name} not found")
             continue
         try:
             return open_library(path), str(path)
         except (OSError, AttributeError) as exc:
             reasons.append(str(exc))
-    return None, "; ".join(reasons) or "no library"
+    if os.environ.get(LIBRARY_ENV):
+        return None, "; ".join(reasons) or f"${LIBRARY_ENV} {os.environ[LIBRARY_ENV]} not found"
+    from h3director.native import build
+
+    try:
+        path = build.build_cached()
+        lib = open_library(path)
+    except (OSError, AttributeError) as exc:
+        reasons.append(str(exc))
+        return None, "; ".join(reasons)
+    _built_now = True
+    _log.info("h3director.native: built %s on first use", path)
+    return lib, str(path)
 
 
 def c_backend(required: bool = False) -> ModuleType | None:
@@ -88,7 +107,7 @@ def c_backend(required: bool = False) -> ModuleType | None:
             if lib is None:
                 _log.warning(
                     "h3director.native: C library unavailable (%s); using the numpy fallback "
-                    "(build it with: python -m h3director.native.build)", where)
+                    "(same bytes, slower; `h3director doctor` shows the measured cost)", where)
                 _loaded = (None, where)
             else:
                 from h3director.native import _c
@@ -101,9 +120,28 @@ def c_backend(required: bool = False) -> ModuleType | None:
     return module
 
 
-def describe() -> str:
-    """One line for `h3director doctor`: which backend is active and where its library is."""
+@dataclass(frozen=True)
+class LoadStatus:
+    """What the loader found: `backend` "c" or "numpy"; `library` the loaded file (None for numpy);
+    `built_now` whether this process compiled it on first use; `reason` why the fallback is used ("" for C)."""
+
+    backend: str
+    library: str | None
+    built_now: bool
+    reason: str
+
+
+def status() -> LoadStatus:
+    """The loader's state, loading (and on first use building) the library if that was not tried yet."""
     module = c_backend()
     if module is None:
-        return f"numpy fallback ({_loaded[1] if _loaded else 'not loaded'})"
-    return f"c ({module.LIBRARY_PATH}, ABI {ABI_VERSION})"
+        return LoadStatus("numpy", None, False, _loaded[1] if _loaded else "not loaded")
+    return LoadStatus("c", str(module.LIBRARY_PATH), _built_now, "")
+
+
+def describe() -> str:
+    """One line for `h3director doctor`: which backend is active and where its library is."""
+    state = status()
+    if state.backend == "numpy":
+        return f"numpy fallback ({state.reason})"
+    return f"c ({state.library}, ABI {ABI_VERSION}{', built on first use' if state.built_now else ''})"

@@ -337,7 +337,8 @@ def estimate(request: PlanRequest) -> PlanEstimate:
               offloaded + video_out + audio_out,
               f"video VAE {request.vae_dtype}, "
               + ("reference tiling" if request.decode_tiles_per_call is None else
-                 f"{request.decode_tiles_per_call} tile(s)/call") + f", sink {request.sink}"),
+                 f"{request.decode_tiles_per_call} tile(s)/call") + f", sink {request.sink}"
+              + (", audio VAE fp32" if request.audio else ", no audio decode (audio VAE not loaded)")),
     )
     notes = []
     int32_limit = int32_qkv_token_limit(DiTShape.from_config(request.dit_config))

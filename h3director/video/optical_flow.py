@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from h3director.errors import InvalidInputError
+from h3director.errors import InvalidInputError, missing_package
 
 # Farneback parameters: a 4-level pyramid (scale 0.5) follows displacements of tens of pixels at the
 # finest level; 15 px averaging windows, 3 iterations, 5 px polynomial neighbourhood (sigma 1.2).
@@ -31,8 +31,7 @@ def opencv():
     try:
         import cv2
     except ImportError as exc:
-        raise InvalidInputError("optical flow needs OpenCV: pip install 'h3director[flow]' "
-                                "(opencv-python-headless)") from exc
+        raise InvalidInputError(missing_package("optical flow", "OpenCV (opencv-python-headless)", "flow")) from exc
     return cv2
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from h3director.core.atomic_file import check_output_path, commit, remove_quietly, temporary_path
-from h3director.errors import InvalidInputError
+from h3director.errors import InvalidInputError, missing_package
 from h3director.video.pixels import uint8_pixels
 from h3director.video.sink import StreamSpec
 from h3director.video.sinks_base import LONGEST_RUN_FRAMES, OrderedSink, require_single_video
@@ -36,7 +36,7 @@ def _import_av():
     try:
         import av
     except ImportError as exc:  # pragma: no cover - av is a declared dependency of the "video" extra
-        raise InvalidInputError("VideoFileSink needs PyAV: pip install 'h3director[video]'") from exc
+        raise InvalidInputError(missing_package("VideoFileSink", "PyAV", "video")) from exc
     return av
 
 

@@ -32,7 +32,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from h3director.errors import InvalidInputError
+from h3director.errors import InvalidInputError, missing_package
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -205,7 +205,7 @@ def open_gguf(path: str | os.PathLike, *, max_metadata_bytes: int = DEFAULT_MAX_
     try:
         from gguf import GGUFReader
     except ImportError as exc:  # pragma: no cover - gguf is a declared extra
-        raise InvalidInputError("reading GGUF files needs the 'gguf' package: pip install 'h3director[gguf]'") from exc
+        raise InvalidInputError(missing_package("reading GGUF files", "the 'gguf' package", "gguf")) from exc
     try:
         reader = GGUFReader(path, "r")
     except (ValueError, KeyError, IndexError, OSError) as exc:  # validated above; kept as a second line of defence
@@ -220,7 +220,7 @@ def read_header(path: str | os.PathLike, *, max_metadata_bytes: int = DEFAULT_MA
     try:
         from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     except ImportError as exc:  # pragma: no cover - gguf is a declared extra
-        raise InvalidInputError("reading GGUF files needs the 'gguf' package: pip install 'h3director[gguf]'") from exc
+        raise InvalidInputError(missing_package("reading GGUF files", "the 'gguf' package", "gguf")) from exc
 
     path = Path(path)
     where = str(path)
