@@ -122,6 +122,34 @@ def test_streaming_images_equal_core_vae_decode_bit_for_bit(comfy, case):
     assert f"frames: {frames} in {clips} clips" in report
 
 
+@pytest.mark.parametrize("failures", [1, 2])
+def test_an_allocator_failure_in_the_decoder_is_retried_once_and_a_second_one_is_named(comfy, failures):
+    """A real allocation failure (the CPU allocator refusing 2**50 bytes) in the first clip's decoder call: the
+    node frees other models and decodes that clip again, and the frames equal core VAEDecode's bit for bit; a
+    second failure of the same clip stops the prompt with the retry named."""
+    workflow = {
+        "1": {"class_type": "LoadLatent", "inputs": {"latent": "two_clips_two_tiles.latent"}},
+        "2": {"class_type": "VAELoader", "inputs": {"vae_name": "h3_tiny_video.safetensors"}},
+        "3": {"class_type": "VAEDecode", "inputs": {"samples": ["1", 0], "vae": ["2", 0]}},
+        "7": {"class_type": "H3TestFailAllocations", "inputs": {"vae": ["2", 0], "failures": failures}},
+        "4": {"class_type": "H3DirectorDecodeAVStreaming", "inputs": {
+            "samples": ["1", 0], "vae": ["7", 0], "output": "images", "filename_prefix": "x", "fps": 24.0, "crf": 18}},
+        "5": {"class_type": "H3TestSaveTensor", "inputs": {"name": "core_oom", "image": ["3", 0]}},
+        "6": {"class_type": "H3TestSaveTensor", "inputs": {"name": f"oom_{failures}", "image": ["4", 0],
+                                                            "text": ["4", 2]}},
+    }
+    entry = submit(comfy, workflow)
+    if failures == 2:
+        assert entry["status"]["status_str"] == "error"
+        message = json.dumps(entry["status"]["messages"])
+        assert "out of memory" in message.lower() and "can't allocate memory" in message
+        return
+    assert entry["status"]["status_str"] == "success", json.dumps(entry["status"])[:4000]
+    assert torch.equal(_tensors(comfy, "core_oom")["image"], _tensors(comfy, "oom_1")["image"])
+    report = (comfy["base"] / "output" / "tensors" / "oom_1.txt").read_text()
+    assert "out-of-memory retry on clip 0" in report and "can't allocate memory" in report
+
+
 def test_av_latent_to_mp4_with_audio_equal_to_core_audio_decode(comfy):
     import av
 

@@ -94,4 +94,41 @@ class H3TestSaveTensor:
         return {}
 
 
-NODE_CLASS_MAPPINGS = {"H3TestSaveTensor": H3TestSaveTensor}
+class H3TestFailAllocations:
+    """Passes the VAE through after arming its decoder: its next `failures` calls each make a real allocation the
+    CPU allocator refuses (`torch.empty` of 2**50 bytes: the allocator's own "can't allocate memory" error, not a
+    raised stand-in), then the decoder runs as before and the wrapper removes itself."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"vae": ("VAE",), "failures": ("INT", {"default": 1, "min": 0, "max": 100})}}
+
+    RETURN_TYPES = ("VAE",)
+    FUNCTION = "arm"
+    CATEGORY = "testing"
+
+    @classmethod
+    def IS_CHANGED(cls, vae, failures):
+        return float("nan")                         # arm on every prompt
+
+    def arm(self, vae, failures):
+        import torch
+
+        decoder = vae.first_stage_model.decoder
+        original = decoder.forward
+        left = [failures]
+
+        def forward(*args, **kwargs):
+            if left[0] > 0:
+                left[0] -= 1
+                if left[0] == 0:
+                    del decoder.forward               # back to the class's forward
+                torch.empty(1 << 50, dtype=torch.uint8)
+            return original(*args, **kwargs)
+
+        if failures:
+            decoder.forward = forward
+        return (vae,)
+
+
+NODE_CLASS_MAPPINGS = {"H3TestSaveTensor": H3TestSaveTensor, "H3TestFailAllocations": H3TestFailAllocations}
