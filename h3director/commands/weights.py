@@ -21,7 +21,7 @@ from h3director.units import format_size, parse_size
 
 HELP = "Inspect, convert (safetensors -> GGUF), slim and verify weight files."
 REFERENCE_JOB = (1280, 704, 124)  # the job `inspect --vram` prices by default (width, height, frames)
-PLANNER_FORMATS = {"Q8_0": "q8_0", "Q5_K": "q5_k", "Q4_K": "q4_k", "BF16": "bf16", "F16": "fp16", "F32": "fp32"}
+PLANNER_FORMATS = {"Q8_0": "q8_0", "Q6_K": "q6_k", "Q5_K": "q5_k", "Q4_K": "q4_k", "BF16": "bf16", "F16": "fp16", "F32": "fp32"}
 RELEASED_HIDDEN = 5376
 
 
@@ -122,7 +122,7 @@ def _fits(summary: dict, args: argparse.Namespace) -> dict:
         advice = recommend(request, budget, formats=[fmt])
         result["planner"] = {"job": f"{args.width}x{args.height}, {args.frames} frames", "format": fmt,
                              **advice.to_dict()}
-    except BudgetError as exc:
+    except (BudgetError, InvalidInputError) as exc:     # InvalidInputError: no ComfyUI loader for the format
         result["planner"] = {"job": f"{args.width}x{args.height}, {args.frames} frames", "format": fmt,
                              "fits": False, "reason": str(exc)}
     return result
