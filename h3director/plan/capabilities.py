@@ -37,6 +37,7 @@ Targets are "comfyui" and "diffusers" (`TARGETS`).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +48,8 @@ __all__ = [
     "TARGETS", "EXACTNESS", "ComfyExecutor", "LibraryExecutor", "ConfigExecutor", "Capability", "AppliedSetting",
     "REGISTRY", "capability", "check_target", "offered", "GGUF_TYPES", "weights_capability", "applied_settings",
     "dit_formats", "text_encoder_formats", "check_offered", "POOL_CONFIG_KEY", "BLOCK_SWAP_NODE", "DIT_MEMORY_NODE",
-    "GGUF_LOADER_NODE", "DECODE_NODE", "CLIP_LOADER_NODE", "decode_budget_gb",
+    "GGUF_LOADER_NODE", "DECODE_NODE", "CLIP_LOADER_NODE", "decode_budget_gb", "gguf_format_from_types",
+    "gguf_format_from_name",
 ]
 
 TARGETS = ("comfyui", "diffusers")
@@ -365,3 +367,29 @@ def applied_settings(request, target: str, *, decode_device_bytes: int | None = 
         out.append(_apply("memory.pool", target, {POOL_CONFIG_KEY: pool_mb}, {},
                           f"decode buffer pool of {pool_mb} MiB"))
     return tuple(out)
+
+
+_GGUF_NAME = re.compile(r"(?<![a-z0-9])(q8_0|q6_k|q5_k(?:_[ms])?|q4_k(?:_[ms])?)(?![a-z0-9])")
+
+
+def gguf_format_from_types(type_bytes: Mapping[str, int]) -> str | None:
+    """The planner format of a GGUF DiT from its bytes per storage type (``{"Q4_K": n, "Q6_K": m, "F32": k}``, as
+    ``h3director weights inspect`` tallies them): the type holding most bytes among the quantised ones; Q4_K beside
+    Q6_K is Q4_K_M's mix. None when it is none of `GGUF_TYPES`."""
+    quantised = {t.upper(): n for t, n in type_bytes.items() if t.upper() not in ("F32", "F16", "BF16")}
+    if not quantised:
+        return None
+    main = max(quantised, key=quantised.get)
+    if main == "Q4_K" and "Q6_K" in quantised:
+        return "q4_k_m"
+    return {v: k for k, v in GGUF_TYPES.items()}.get(main)
+
+
+def gguf_format_from_name(name: str) -> str | None:
+    """The planner format a GGUF file name states (``h3_dit_Q4_K_M.gguf`` -> "q4_k_m"; Q5_K_M/S read as q5_k,
+    Q4_K_S as q4_k), or None when the name states none."""
+    match = _GGUF_NAME.search(name.lower().replace("-", "_"))
+    if not match:
+        return None
+    found = match.group(1)
+    return {"q5_k_m": "q5_k", "q5_k_s": "q5_k", "q4_k_s": "q4_k"}.get(found, found)
