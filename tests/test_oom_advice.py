@@ -148,3 +148,9 @@ def test_the_cli_prints_the_node_phase_and_steps(tmp_path, capsys):
 def test_a_bad_ram_size_is_refused_before_the_log_is_read(tmp_path, capsys):
     assert main(["oom", str(tmp_path / "absent.log"), "--ram", "lots"]) == 2
     assert "cannot read size 'lots'" in capsys.readouterr().err
+
+
+def test_a_logged_geometry_off_the_grid_is_named_not_planned():
+    item = _advised(comfy_log(SAMPLER_OOM, SAMPLER_FRAMES, before="H3 1344x768, 130 frames on cuda:0\n"))
+    (line,) = [a for a in item.advice if "refuses" in a]
+    assert "1344x768, 130 frames" in line and "off H3's 17n+5 grid: the nearest legal counts are 124 and 141" in line

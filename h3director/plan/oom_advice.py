@@ -103,8 +103,10 @@ def advise(items: list, *, host_bytes: int, target: str = "comfyui", host_source
         if item.geometry and card:
             try:
                 recommendation = _recommendation(item.geometry, card, host_bytes, target)
-            except (BudgetError, InvalidInputError) as error:
-                refusal = str(error).splitlines()[0]
+            except BudgetError as error:
+                refusal = f"the planner finds nothing that fits: {str(error).splitlines()[0]}"
+            except InvalidInputError as error:
+                refusal = f"the planner refuses it: {error}"
         advice = item.advice if item.diagnosis in _ALLOCATOR_DIAGNOSES else []
         command = plan_command(item.geometry, card, host_bytes, target)
         if recommendation is not None:
@@ -121,7 +123,8 @@ def advise(items: list, *, host_bytes: int, target: str = "comfyui", host_source
                               f"(`h3director stitch --overlap {lf.overlap_frames}` joins them)")
             advice.append(f"the whole plan: `{command}`")
         elif refusal is not None:
-            advice.append(f"for {item.geometry} on this {_gb(card)} card the planner finds nothing that fits: "
+            g = item.geometry
+            advice.append(f"for {g['width']}x{g['height']}, {g['frames']} frames on this {_gb(card)} card "
                           f"{refusal}; `{command}` shows the numbers")
         else:
             missing = "the canvas and length" if not item.geometry else "the card's size"
