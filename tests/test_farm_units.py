@@ -349,6 +349,19 @@ def test_a_bf16_workflow_is_still_priced_as_bf16_and_refused_on_24gb(folder):
         needs.first_rung(rungs, [needs.WorkerSpec("w24", 24 * GiB, 64 * GiB)])
 
 
+def test_a_refused_sampling_job_says_what_the_missing_nodes_would_allow(folder):
+    job = _job(folder, _t2v())
+    worker = needs.WorkerSpec("w24", 24 * GiB, 64 * GiB)
+    hint = needs.missing_nodes_hint(job, [worker])
+    assert hint.startswith("with H3DirectorDiTMemory and H3DirectorBlockSwap in the workflow")
+    offloaded = int(re.search(r"blocks_offloaded (\d+)", hint).group(1))
+    # the same workflow with both nodes: its first fitting rung is the one the hint names
+    with_nodes = _job(folder, _t2v(**{**GGUF_Q4K, "1": _t2v()["1"]}))          # the bf16 UNETLoader kept
+    rungs = needs.ladder(with_nodes)
+    assert rungs[needs.first_rung(rungs, [worker])].settings["blocks_offloaded"] == offloaded
+    assert needs.missing_nodes_hint(with_nodes, [worker]) == ""
+
+
 @pytest.mark.parametrize("change, message", [
     ({"21": {"class_type": "H3DirectorBlockSwap", "inputs": {"model": ["20", 0], "blocks_offloaded": 51}}},
      "blocks_offloaded must be 0 to the DiT's 50 blocks, got 51"),

@@ -214,7 +214,8 @@ class Farm:
                 rungs = needs.ladder(job, self.model_dirs)
                 first = needs.first_rung(rungs, specs)
             except (InvalidInputError, BudgetError) as error:
-                self.refuse(job.id, job.line, str(error))
+                hint = needs.missing_nodes_hint(job, specs, self.model_dirs) if isinstance(error, BudgetError) else ""
+                self.refuse(job.id, job.line, str(error) + (f"\n  {hint}" if hint else ""))
                 continue
             row = self.ledger.sync(job.id, job.line, job.spec_hash)
             if row.state == "done":
@@ -360,7 +361,8 @@ def dry_run(jobs_path: str | Path, workers: list[needs.WorkerSpec], *, model_dir
             rungs = needs.ladder(job, model_dirs)
             first = needs.first_rung(rungs, workers)
         except (InvalidInputError, BudgetError) as error:
-            write(f"[refused] line {job.line} (job {job.id}): {error}")
+            hint = needs.missing_nodes_hint(job, workers, model_dirs) if isinstance(error, BudgetError) else ""
+            write(f"[refused] line {job.line} (job {job.id}): {error}" + (f"\n  {hint}" if hint else ""))
             refused += 1
             continue
         what = "diffusers pipeline" if job.diffusers is not None else f"workflow {job.workflow_path}"

@@ -383,6 +383,30 @@ def _sampling_rungs(base: PlanRequest, phases: list[str], wf: WorkflowSettings, 
     return rungs
 
 
+def missing_nodes_hint(job, workers: Sequence[WorkerSpec], model_dirs: Sequence[Path] = ()) -> str:
+    """For a ComfyUI sampling job no worker fits: which of the DiT Memory and block-swap nodes the workflow lacks
+    and, priced as if it had them, the first rung a worker would fit ("" when it has both, when even then none
+    fits, or for other jobs)."""
+    if getattr(job, "diffusers", None) is not None or not job.classes & SAMPLING_CLASSES:
+        return ""
+    wf = read_settings(job.workflow, model_dirs)
+    missing = [name for name, has in ((DIT_MEMORY_CLASS, wf.chunk_node), (BLOCK_SWAP_CLASS, wf.swap_node)) if not has]
+    if not missing:
+        return ""
+    with_nodes = dataclasses.replace(wf, chunk_node=True, swap_node=True)
+    base = PlanRequest(width=job.width, height=job.height, frames=job.frames, audio=wf.audio, weights=wf.weights,
+                       text_encoder_weights=wf.text_encoder_weights, text_encoder_device=wf.text_encoder_device)
+    phases = phases_of(job.classes)
+    rungs = _sampling_rungs(base, phases, dataclasses.replace(with_nodes, text_encoder_movable=True),
+                            DiTShape.from_config(None).heads, False)
+    fit = next((r for r in rungs if any(w.fits(r) for w in workers)), None)
+    if fit is None:
+        return ""
+    settings = ", ".join(f"{k} {v}" for k, v in fit.settings.items())
+    return (f"with {' and '.join(missing)} in the workflow (and CLIPLoader's device free to move) it would start "
+            f"at {settings}: device {format_size(fit.device_bytes)}, host {format_size(fit.host_bytes)}")
+
+
 def ladder(job, model_dirs: Sequence[Path] = ()) -> list[Rung]:
     """The rungs for a `jobs.Job`, most generous first. `model_dirs`: where the workflow's DiT files may be read
     (`comfy_model_dirs`), for a GGUF's type. Raises `InvalidInputError` when the workflow runs nothing priced,
