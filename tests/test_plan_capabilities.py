@@ -131,6 +131,10 @@ def _check(rec, target):
         else:
             assert swap.call.startswith(f"apply_block_offload(transformer, blocks_offloaded={r.offload_blocks},")
     assert "decode.streaming" in applied
+    if rec.long_form:
+        chain = applied["long_form.chain"]
+        assert chain.values["segments"] == list(rec.long_form.segments)
+        assert chain.node == "H3DirectorStitch" if target == "comfyui" else chain.call.startswith("stitch_files(")
     if rec.pool_mb:
         assert rec.pool_mb % 1024 == 0 and applied["memory.pool"].config == {"pre_allocated_pool_mb": rec.pool_mb}
     for a in applied.values():
@@ -144,7 +148,7 @@ FRAMES = [73, 124, 175, 226, 277, 328, 362]
 
 @pytest.mark.parametrize("target", caps.TARGETS)
 def test_no_recommendation_on_the_grid_lacks_an_executor(target):
-    fitted = refused = 0
+    fitted = refused = chained = 0
     for (width, height), frames, card, ram in itertools.product(CANVASES, FRAMES, (8, 12, 16, 24, 48), (32, 64, 128)):
         budget = Budget(card * GiB, ram * GiB)
         try:
@@ -153,9 +157,11 @@ def test_no_recommendation_on_the_grid_lacks_an_executor(target):
             refused += 1
             continue
         fitted += 1
+        chained += rec.long_form is not None
         _check(rec, target)
         assert budget.fits(estimate(rec.request))
     assert fitted > refused          # the grid mostly fits: the walk checked real recommendations
+    assert chained                   # and some of them are long-form chains
 
 
 def test_the_pool_is_sized_on_the_clip_buffers_it_serves():

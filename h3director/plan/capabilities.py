@@ -232,6 +232,13 @@ REGISTRY: dict[str, Capability] = _entries(
                LibraryExecutor("h3director.video.scheduler.stream_decode",
                                "stream_decode(adapter, latents, sink, audio=None)"),
                "PlanRequest.audio -> plan.audio (estimate: decode)"),
+    Capability("long_form.chain", "segments on the 17n+5 grid, each conditioned on the previous one's last frames, "
+               "joined where they overlap", "approximate",
+               ComfyExecutor("H3DirectorStitch", ("overlap",), "chain k segments with k-1 nodes; segment 2 on is "
+                                                               "guided by the previous segment's last frames"),
+               LibraryExecutor("h3director.av.stitch.stitch_files",
+                               "stitch_files(segment_paths, out, overlap={overlap_frames})"),
+               "recommend._longest_chunk / _chain: each segment priced with the chosen settings"),
     Capability("memory.pool", "a pre-allocated slot pool that the streamed decode's clip buffers lease from",
                "exact by construction",
                ConfigExecutor(POOL_CONFIG_KEY, "whole GiB (a multiple of 1024); leased at "
@@ -307,13 +314,14 @@ def _apply(key: str, target: str, values: Mapping[str, Any], inputs: Mapping[str
 
 
 def applied_settings(request, target: str, *, decode_device_bytes: int | None = None,
-                     pool_mb: int = 0) -> tuple[AppliedSetting, ...]:
+                     pool_mb: int = 0, long_form=None) -> tuple[AppliedSetting, ...]:
     """How to apply the settings of a `plan.estimate.PlanRequest` (normally `Recommendation.request`) in `target`:
     one `AppliedSetting` per setting, in workflow order (loaders, DiT, decode, pool).
 
     `decode_device_bytes`: the decode phase's device need (bytes), given to the ComfyUI decode node as
     ``budget_gb`` (None: the input is left to h3_config.yaml); `pool_mb`: the recommended
-    ``pre_allocated_pool_mb`` (0: no pool setting). Raises `InvalidInputError` when a setting has no executor for
+    ``pre_allocated_pool_mb`` (0: no pool setting); `long_form`: the plan's `recommend.LongForm` chain, or None.
+    Raises `InvalidInputError` when a setting has no executor for
     `target` (the planner must not have chosen it) or a block count is out of the DiT's range."""
     from h3director.plan.activations import DiTShape
 
@@ -363,6 +371,11 @@ def applied_settings(request, target: str, *, decode_device_bytes: int | None = 
     if not request.audio:
         out.append(_apply("decode.audio_off", target, {"audio": False}, {},
                           "no audio: leave the audio VAE out" if target == "comfyui" else "no audio decode"))
+    if long_form is not None:
+        values = {"overlap_frames": long_form.overlap_frames, "segments": list(long_form.segments)}
+        out.append(_apply("long_form.chain", target, values, {"overlap": long_form.overlap_frames},
+                          f"{len(long_form.segments)} segments ({' + '.join(map(str, long_form.segments))} frames), "
+                          f"{long_form.overlap_frames}-frame overlap"))
     if pool_mb:
         out.append(_apply("memory.pool", target, {POOL_CONFIG_KEY: pool_mb}, {},
                           f"decode buffer pool of {pool_mb} MiB"))

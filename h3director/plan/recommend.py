@@ -142,7 +142,7 @@ class Recommendation:
         """Each chosen setting with the node input or library call that applies it in `target`."""
         decode = _phase(self.estimate, "decode")
         return capabilities.applied_settings(self.request, self.target, decode_device_bytes=decode.device_bytes,
-                                             pool_mb=self.pool_mb)
+                                             pool_mb=self.pool_mb, long_form=self.long_form)
 
     def settings(self) -> dict:
         r = self.request
