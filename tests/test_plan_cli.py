@@ -86,6 +86,8 @@ def test_the_diffusers_target_prints_library_calls(capsys):
      "'nf4' have no loader for target comfyui"),
     (["--width", "1344", "--height", "768", "--frames", "124", "--vram", "24GB", "--weights", "int8",
       "--target", "diffusers"], "'int8' have no loader for target diffusers"),
+    (["--width", "1344", "--height", "768", "--frames", "124", "--devices", "cuda:0=24GB", "--ram", "64GB",
+      "--weights", "nf4"], "'nf4' have no loader for target comfyui"),
 ])
 def test_bad_input_gets_a_specific_message(capsys, argv, message):
     code, _, err = _run(capsys, *argv)

@@ -144,6 +144,7 @@ def _run_devices(args: argparse.Namespace, request) -> int:
     """`--devices`: place the text encoder, the DiT and the VAEs across the devices (plan/placement.py)."""
     from h3director.errors import InvalidInputError
     from h3director.plan.estimate import estimate
+    from h3director.plan.formats import weight_format
     from h3director.plan.placement import parse_devices, place
 
     if args.vram is not None or args.device is not None:
@@ -159,8 +160,13 @@ def _run_devices(args: argparse.Namespace, request) -> int:
 
         host = int(psutil.virtual_memory().available)
         source = f"given: {args.devices}; host RAM {host / 2**30:.1f} GiB available"
-    placement = place(request, devices, host_bytes=host, margin=args.margin,
-                      formats=[args.weights] if args.weights else None, policy=args.placement_policy or "auto")
+    from h3director.plan import capabilities
+
+    if args.weights:
+        capabilities.check_offered(weight_format(args.weights).name, args.target)
+    formats = [args.weights] if args.weights else list(capabilities.dit_formats(args.target))
+    placement = place(request, devices, host_bytes=host, margin=args.margin, formats=formats,
+                      policy=args.placement_policy or "auto")
     if args.json:
         out = estimate(request).to_dict()
         out["budget"] = {"source": source, "devices": {d.name: d.capacity_bytes for d in devices},
