@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,9 @@ def test_guard_stops_the_prompt_with_the_safety_message_and_the_next_prompt_runs
     messages = json.dumps(stopped["status"]["messages"])
     assert "[Director Safety] CPU memory limit exceeded" in messages and "on cpu" in messages
     assert "models unloaded and caches emptied" in messages
+    # 1 MiB leaves no room for any tier: the message says what would (blocks to offload measured on the real
+    # model's blocks) or that nothing in place would
+    assert re.search(r"would have fit: (node H3DirectorBlockSwap: blocks_offloaded=\d+|no chunking)", messages), messages
     assert comfy["server"].poll() is None                                 # the worker lives
     after = _submit(comfy, _dit_workflow(guard_budget_gb=None))
     assert after["status"]["status_str"] == "success", json.dumps(after["status"])[:4000]

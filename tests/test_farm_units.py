@@ -4,6 +4,7 @@ and the CLI's refusals (an unreachable cluster, a missing ledger)."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import sqlite3
 import subprocess
@@ -92,7 +93,7 @@ def test_a_job_no_worker_fits_is_refused_with_the_plan(folder):
     with pytest.raises(BudgetError, match="no worker fits this job") as info:
         needs.first_rung(rungs, [small])
     assert "worker small: device" in str(info.value) and "decode" in str(info.value)
-    big = needs.WorkerSpec("big", rungs[0].device_bytes + GiB, 64 * GiB)
+    big = needs.WorkerSpec("big", 2 * rungs[0].device_bytes + GiB, 64 * GiB)   # room for the planner's margin
     assert needs.first_rung(rungs, [small, big]) == 0
 
 
@@ -252,3 +253,148 @@ def test_the_streaming_decode_gets_the_rungs_budget_when_its_optional_input_is_l
     rungs = needs.ladder(jobs[0])
     assert len(rungs) >= 2
     assert needs.apply_rung(rungs[1], jobs[0].workflow)["4"]["inputs"]["budget_gb"] == rungs[1].settings["budget_gb"]
+
+
+# ------------------------------------------------------------------------- pricing what the workflow loads
+
+def _t2v(**changes) -> dict:
+    """The repository's text-to-video example workflow with nodes replaced or added (`changes`)."""
+    from pathlib import Path
+
+    workflow = json.loads((Path(__file__).resolve().parents[1] / "examples" / "h3_t2v_streaming_api.json").read_text())
+    workflow.update(changes)
+    return workflow
+
+
+GGUF_Q4K = {"1": {"class_type": "H3DirectorGGUFDiTLoader",
+                  "inputs": {"gguf_name": "minimax_h3_dit_Q4_K.gguf", "weight_dtype": "default"}},
+            "20": {"class_type": "H3DirectorDiTMemory",
+                   "inputs": {"model": ["1", 0], "mode": "auto", "head_chunks": 1, "ffn_chunks": 1, "budget_gb": 0.0}},
+            "21": {"class_type": "H3DirectorBlockSwap", "inputs": {"model": ["20", 0], "blocks_offloaded": 0}}}
+
+
+def _job(folder, workflow: dict, **line):
+    (folder / "job.json").write_text(json.dumps(workflow))
+    jobs, errors = parse_jobs(_lines({"id": "a", "workflow": "job.json", **line}), folder)
+    assert not errors, errors
+    return jobs[0]
+
+
+def test_a_q4k_gguf_job_is_placed_on_a_24gb_worker_where_the_planner_says_it_fits(folder):
+    from h3director.plan.estimate import PlanRequest
+    from h3director.plan.recommend import Budget, recommend
+
+    clip = {"class_type": "CLIPLoader", "inputs": {"clip_name": "minimax_h3_qwen3vl_32b_fp8_scaled.safetensors",
+                                                   "type": "minimax", "device": "default"}}
+    job = _job(folder, _t2v(**GGUF_Q4K, **{"2": clip}))
+    settings = needs.read_settings(job.workflow)
+    assert (settings.weights, settings.text_encoder_weights, settings.swap_node) == ("q4_k", "fp8", True)
+    rungs = needs.ladder(job)
+    worker = needs.WorkerSpec("w24", 24 * GiB, 64 * GiB)
+    first = rungs[needs.first_rung(rungs, [worker])]
+    # the planner, for this card, the same format and the workflow's files, on the ComfyUI target
+    advice = recommend(PlanRequest(1344, 768, 124, text_encoder_weights="fp8"), Budget(24 * GiB, 64 * GiB),
+                       formats=["q4_k"])
+    chosen = advice.request
+    sampling = next(p for p in first.plan.phases if p.name == "sampling")
+    assert sampling.detail.startswith("DiT q4_k")
+    assert first.device_bytes <= worker.usable_accel_bytes and first.host_bytes <= worker.usable_host_bytes
+    assert first.settings["blocks_offloaded"] == chosen.offload_blocks
+    if not chosen.offload_blocks:     # resident: the least chunking that fits, as the planner chose it
+        assert (first.settings["head_chunks"], first.settings["ffn_chunks"]) == (chosen.head_chunks, chosen.ffn_chunks)
+    assert first.settings["text_encoder_device"] == "cpu" and chosen.text_encoder_device == "cpu"
+    applied = needs.apply_rung(first, job.workflow)
+    assert applied["21"]["inputs"]["blocks_offloaded"] == first.settings["blocks_offloaded"]
+    assert applied["2"]["inputs"]["device"] == "cpu"
+    assert applied["20"]["inputs"]["mode"] == "fixed"
+
+
+def test_the_gguf_type_is_read_from_the_file_before_its_name(folder, tmp_path):
+    """A GGUF found in the ComfyUI base's models folder is priced by its header (a real file written with gguf's
+    own writer), whatever its name says; one not found is priced by its name."""
+    import gguf
+    import torch
+    from gguf_helpers import write_gguf
+
+    models = tmp_path / "base" / "models" / "diffusion_models"
+    models.mkdir(parents=True)
+    generator = torch.Generator().manual_seed(0)
+    sd = {f"blocks.{i}.ffn.fc1.weight": torch.randn(256, 512, generator=generator) for i in range(2)}
+    sd["blocks.0.norm.weight"] = torch.randn(512, generator=generator)
+    write_gguf(models / "dit_q4_k.gguf", sd, gguf.GGMLQuantizationType.Q8_0)     # named Q4_K, holds Q8_0
+    workflow = _t2v(**{**GGUF_Q4K, "1": {"class_type": "H3DirectorGGUFDiTLoader",
+                                         "inputs": {"gguf_name": "dit_q4_k.gguf"}}})
+    found = needs.read_settings(workflow, needs.comfy_model_dirs(tmp_path / "base"))
+    assert found.weights == "q8_0" and found.weights_from.startswith("Q8_0 from the header of")
+    assert needs.read_settings(workflow).weights == "q4_k"          # not found: its name
+
+
+def test_a_stitch_only_job_is_priced_by_its_own_phase(folder):
+    stitch = {"1": {"class_type": "LoadImage", "inputs": {"image": "a.png"}},
+              "2": {"class_type": "H3DirectorStitch", "inputs": {
+                  "images_a": ["1", 0], "audio_a": ["1", 1], "images_b": ["1", 0], "audio_b": ["1", 1],
+                  "overlap": 22, "blend": "crossfade", "fps": 24.0}}}
+    job = _job(folder, stitch, frames=226, width=1344, height=768)
+    (rung,) = needs.ladder(job)
+    assert rung.device_bytes == 0
+    assert rung.host_bytes == (2 * 226 + 22) * 1344 * 768 * 3 * 4      # float32 inputs + result
+    assert needs.first_rung([rung], [needs.WorkerSpec("w", 8 * GiB, 16 * GiB)]) == 0
+
+
+def test_a_bf16_workflow_is_still_priced_as_bf16_and_refused_on_24gb(folder):
+    job = _job(folder, _t2v())
+    rungs = needs.ladder(job)
+    assert all("DiT bf16" in next(p for p in r.plan.phases if p.name == "sampling").detail for r in rungs)
+    with pytest.raises(BudgetError, match="no worker fits"):
+        needs.first_rung(rungs, [needs.WorkerSpec("w24", 24 * GiB, 64 * GiB)])
+
+
+def test_a_refused_sampling_job_says_what_the_missing_nodes_would_allow(folder):
+    job = _job(folder, _t2v())
+    worker = needs.WorkerSpec("w24", 24 * GiB, 64 * GiB)
+    hint = needs.missing_nodes_hint(job, [worker])
+    assert hint.startswith("with H3DirectorDiTMemory and H3DirectorBlockSwap in the workflow")
+    offloaded = int(re.search(r"blocks_offloaded (\d+)", hint).group(1))
+    # the same workflow with both nodes: its first fitting rung is the one the hint names
+    with_nodes = _job(folder, _t2v(**{**GGUF_Q4K, "1": _t2v()["1"]}))          # the bf16 UNETLoader kept
+    rungs = needs.ladder(with_nodes)
+    assert rungs[needs.first_rung(rungs, [worker])].settings["blocks_offloaded"] == offloaded
+    assert needs.missing_nodes_hint(with_nodes, [worker]) == ""
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"21": {"class_type": "H3DirectorBlockSwap", "inputs": {"model": ["20", 0], "blocks_offloaded": 51}}},
+     "blocks_offloaded must be 0 to the DiT's 50 blocks, got 51"),
+    ({"1": {"class_type": "H3DirectorGGUFDiTLoader", "inputs": {"gguf_name": "dit.gguf"}}},
+     "cannot tell the GGUF type of 'dit.gguf'"),
+])
+def test_what_cannot_be_priced_is_refused(folder, change, message):
+    job = _job(folder, _t2v(**{**GGUF_Q4K, **change}))
+    with pytest.raises(InvalidInputError, match=message):
+        needs.ladder(job)
+
+
+def test_dry_run_prints_rungs_need_and_placement_and_refuses_bad_lines(folder, capsys):
+    """`farm run --dry-run` through the CLI: no Ray is imported, nothing is written under --out."""
+    (folder / "gguf.json").write_text(json.dumps(_t2v(**GGUF_Q4K)))
+    (folder / "jobs.jsonl").write_text(_lines(
+        {"id": "q4k", "workflow": "gguf.json", "frames": 124},
+        {"id": "offgrid", "workflow": "gguf.json", "frames": 130},
+        '{"id": "broken"',
+        {"id": "badswap", "workflow": "gguf.json", "set": {"21": {"blocks_offloaded": 99}}}))
+    script = ("import sys; from h3director.cli import main; code = main(sys.argv[1:]); "
+              "assert 'ray' not in sys.modules, 'ray was imported'; sys.exit(code)")
+    out = folder / "out"
+    done = subprocess.run([sys.executable, "-c", script, "farm", "run", str(folder / "jobs.jsonl"), "--dry-run",
+                           "--workers", "w24=24GB:64GB", "--out", str(out)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1, done.stderr            # some lines refused
+    text = done.stdout
+    assert "job q4k (line 1)" in text and "loads: DiT q4_k (Q4_K from the file name)" in text
+    assert re.search(r"-> rung \d+ \(.*blocks_offloaded \d+.*\): device [\d.]+ GiB", text)
+    assert re.search(r"placement: rung \d+ \(device \d+ MiB, host \d+ MiB\) on w24", text)
+    assert "[refused] line 2 (job offgrid): frames 130 is off H3's 17n+5 grid" in text
+    assert "[refused] line 3: malformed JSON" in text
+    assert "[refused] line 4 (job badswap): H3DirectorBlockSwap: blocks_offloaded must be 0 to" in text
+    assert "1 job(s) would be placed, 3 refused; nothing ran" in text
+    assert not out.exists()

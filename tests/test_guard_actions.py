@@ -130,3 +130,36 @@ def test_node_refuses_fallback_to_cpu_and_offers_only_what_a_dit_forward_support
 
     with pytest.raises(InvalidInputError, match="not supported for DiT forwards"):
         MemoryGuardNode.execute(Patcher(), "from config", 1.0)
+
+
+def test_the_safety_message_names_the_setting_that_would_have_fit():
+    """The cheapest DiT Memory tier whose activations fit the room left, as the node and inputs that apply it."""
+    from h3director.comfy.nodes_guard import make_guard_wrapper
+
+    wrapper = make_guard_wrapper(_guard("stop_and_clear", 300),
+                                 cost_model=lambda plan, rows, dtype: 1000 // (plan.ffn_chunks * plan.head_chunks))
+    with pytest.raises(MemoryLimitExceeded) as info:
+        wrapper(Forward(), *_inputs(2))
+    # 1000 // 4 = 250 fits the 300 left (1000 // 2 = 500 does not): the lifetime tier with 4 FFN row chunks
+    assert str(info.value).endswith("would have fit: node H3DirectorDiTMemory: mode='fixed', head_chunks=1, "
+                                    "ffn_chunks=4 (4 FFN row chunks: 250 B of activations within the 300 B left)")
+    assert info.value.would_fit.startswith("node H3DirectorDiTMemory")
+
+
+def test_when_no_chunking_fits_the_message_names_the_blocks_to_offload():
+    """A model whose blocks are real modules: the fewest blocks to offload (plus the two streaming buffers the
+    planner keeps on the device) to make room for the most chunked tier's activations."""
+    from h3director.comfy.nodes_guard import make_guard_wrapper
+
+    forward = Forward()
+    model = torch.nn.Module()
+    model.blocks = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(10))   # 288 B of float32 per block
+    forward.class_obj = model
+    guard = MemoryGuard(1100, device="cpu", action="stop_and_clear", device_reader=lambda device: 1000,
+                        cache_clearer=lambda device: None)
+    wrapper = make_guard_wrapper(guard, cost_model=lambda plan, rows, dtype: 1000)
+    with pytest.raises(MemoryLimitExceeded) as info:
+        wrapper(forward, *_inputs(1))
+    # room 100 B, need 1000 B: ceil(900 / 288) = 4 blocks freed, + 2 streaming buffers = 6 offloaded
+    assert "would have fit: node H3DirectorBlockSwap: blocks_offloaded=6 with node H3DirectorDiTMemory" in \
+        str(info.value)

@@ -1,7 +1,6 @@
 """`h3director plan`: the JSON schema, the text report, and specific refusals (exit code 2)."""
 
 import json
-import math
 import re
 
 import pytest
@@ -31,7 +30,11 @@ def test_json_has_geometry_phases_and_recommendation(capsys):
     assert rec["peak_device_bytes"] <= rec["device_usable_bytes"]
     assert set(rec["settings"]) >= {"weights", "offload_blocks", "head_chunks", "ffn_chunks", "text_encoder",
                                     "decode_tiles_per_call", "sink"}
-    assert rec["pool"]["implied_mb"] % 1024 == 0 and rec["pool"]["seed_formula_mb"] % 1024 == 0
+    assert rec["pool"]["recommended_mb"] % 1024 == 0 and rec["pool"]["config_key"] == "pre_allocated_pool_mb"
+    applied = {a["capability"]: a for a in rec["applied"]}
+    assert rec["target"] == "comfyui" and all(a["node"] for a in applied.values() if a["capability"] != "memory.pool")
+    if rec["settings"]["offload_blocks"]:
+        assert applied["dit.block_offload"]["inputs"] == {"blocks_offloaded": rec["settings"]["offload_blocks"]}
     assert data["budget"]["device_bytes"] == 24 * 1024**3
 
 
@@ -42,17 +45,33 @@ def test_fixed_weights_are_respected(capsys):
     assert json.loads(out)["recommendation"]["settings"]["weights"] == "int8"
 
 
-def test_text_report_prints_the_table_and_both_pool_sizes(capsys):
+def test_text_report_prints_the_table_how_to_apply_and_the_pool(capsys):
     code, out, _ = _run(capsys, "--width", "1344", "--height", "768", "--frames", "124", "--vram", "24GB",
                         "--ram", "64GB")
     assert code == 0
     assert "37 latent frames x 1008 tokens" in out
     assert "sampling" in out and "decode" in out and "text_encoding" in out
-    pool, working = re.search(r"Pool size \(pre_allocated_pool_mb\): (\d+) MB, the largest phase working set "
-                              r"\(([\d,]+) MiB\) rounded up to whole GiB", out).groups()
-    assert int(pool) == math.ceil(int(working.replace(",", "")) / 1024) * 1024
-    rule = int(re.search(r"x 1\.3 gives (\d+) MB; it counts the weights", out).group(1))
-    assert rule % 1024 == 0 and rule > int(pool)
+    # every recommended setting is printed with the node and input that applies it (the pool: the config key)
+    assert "How to apply (comfyui):" in out
+    offloaded = int(re.search(r"(\d+) of 50 blocks offloaded to host RAM", out).group(1))
+    assert f"node H3DirectorBlockSwap: blocks_offloaded={offloaded}" in out
+    assert "node CLIPLoader: type='minimax', device=" in out
+    # the pool is sized on the decode's clip buffers it serves, or not recommended (the old sizing on the DiT's
+    # working set is gone: nothing but decode clip buffers leases from the pool)
+    assert re.search(r"Pool \(h3_config.yaml pre_allocated_pool_mb\): (0 MB; .* does not fit beside|\d+024 MB)", out)
+
+
+def test_the_diffusers_target_prints_library_calls(capsys):
+    code, out, _ = _run(capsys, "--width", "1344", "--height", "768", "--frames", "124", "--vram", "24GB",
+                        "--ram", "64GB", "--target", "diffusers", "--json")
+    assert code == 0
+    rec = json.loads(out)["recommendation"]
+    assert rec["target"] == "diffusers" and rec["settings"]["weights"] != "int8"
+    for applied in rec["applied"]:
+        assert applied["node"] is None and (applied["call"] or applied["config"]), applied
+    calls = " ".join(a["call"] or "" for a in rec["applied"])
+    if rec["settings"]["offload_blocks"]:
+        assert f"apply_block_offload(transformer, blocks_offloaded={rec['settings']['offload_blocks']}" in calls
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -63,6 +82,12 @@ def test_text_report_prints_the_table_and_both_pool_sizes(capsys):
     (["--width", "1344", "--height", "768", "--frames", "124", "--vram", "24 parsecs"], "unknown size unit"),
     (["--width", "1344", "--height", "768", "--frames", "124", "--vram", "24GB", "--weights", "q2"],
      "unknown weights format"),
+    (["--width", "1344", "--height", "768", "--frames", "124", "--vram", "24GB", "--weights", "nf4"],
+     "'nf4' have no loader for target comfyui"),
+    (["--width", "1344", "--height", "768", "--frames", "124", "--vram", "24GB", "--weights", "int8",
+      "--target", "diffusers"], "'int8' have no loader for target diffusers"),
+    (["--width", "1344", "--height", "768", "--frames", "124", "--devices", "cuda:0=24GB", "--ram", "64GB",
+      "--weights", "nf4"], "'nf4' have no loader for target comfyui"),
 ])
 def test_bad_input_gets_a_specific_message(capsys, argv, message):
     code, _, err = _run(capsys, *argv)

@@ -29,7 +29,7 @@ from comfy_api.latest import io
 
 from h3director.errors import H3DirectorError
 from h3director.geometry import PATCH_SIZE
-from h3director.units import GiB
+from h3director.units import GiB, format_size
 
 GUARD_KEY = "h3director_memory_guard"
 ACTIONS = ["from config", "stop_and_clear", "reduce_batch"]
@@ -193,15 +193,58 @@ class _GuardedForward:
             parts *= 2
         return None
 
-    def stop(self, error, note: str = ""):
+    def stop(self, error, note: str = "", model=None):
         from h3director.core.guard import MemoryLimitExceeded
 
         self.stopper()
         self.record(error.phase, "stop_and_clear", error)
         detail = "; ".join(part for part in (str(error).split("; ", 1)[1] if "; " in str(error) else "", note,
                                              "models unloaded and caches emptied") if part)
+        heads = self.handle.heads if self.handle is not None else dit_shape_of(model).heads
+        blocks = list(getattr(model, "blocks", None) or [])
+        block_bytes = sum(p.numel() * p.element_size() for p in blocks[0].parameters()) if blocks else 0
+        fit = would_have_fit(self.cost, self.rows, self.dtype, heads, error.budget_bytes, error.measured_bytes,
+                             block_bytes=block_bytes, blocks=len(blocks))
         raise MemoryLimitExceeded(error.phase, error.memory, error.budget_bytes, error.measured_bytes,
-                                  error.requested_bytes, detail=detail, device=error.device) from error
+                                  error.requested_bytes, detail=detail, device=error.device, would_fit=fit) from error
+
+
+def would_have_fit(cost, rows: int, dtype, heads: int, budget_bytes: int, measured_bytes: int, *,
+                   block_bytes: int = 0, blocks: int = 0) -> str:
+    """The setting that would have let a refused DiT forward fit, named by the node and inputs that apply it
+    (`plan.capabilities`), or "" when the guard had no budget.
+
+    `cost(plan, rows, dtype) -> bytes` prices a tier (the guard's cost model); the room is `budget_bytes -
+    measured_bytes` (what the device held before the forward, resident weights included). The first tier of
+    `dit.tiers.escalation_ladder` (without query chunks, which the DiT Memory node's inputs do not set) whose
+    activations fit the room; else, with the model's `blocks` blocks of `block_bytes` each, the fewest blocks to
+    offload (two stay as streaming buffers, as the planner prices it) with the most chunked tier; else a pointer
+    to a smaller weight format or length."""
+    from h3director.dit.tiers import escalation_ladder
+    from h3director.plan import capabilities as caps
+
+    if not budget_bytes:
+        return ""
+    room = budget_bytes - measured_bytes
+    tiers = [t for t in escalation_ladder(heads, rows) if t.query_chunks == 1]
+    for tier in tiers:
+        need = int(cost(tier, rows, dtype))
+        if need <= room:
+            return (f"node {caps.DIT_MEMORY_NODE}: mode='fixed', head_chunks={tier.head_chunks}, "
+                    f"ffn_chunks={tier.ffn_chunks} ({tier.describe()}: {format_size(need)} of activations within the "
+                    f"{format_size(max(room, 0))} left)")
+    last = tiers[-1]
+    need = int(cost(last, rows, dtype))
+    if block_bytes and blocks:
+        offload = -(-(need - room) // block_bytes) + 2
+        if offload <= blocks:
+            return (f"node {caps.BLOCK_SWAP_NODE}: blocks_offloaded={offload} with node {caps.DIT_MEMORY_NODE}: "
+                    f"mode='fixed', head_chunks={last.head_chunks}, ffn_chunks={last.ffn_chunks} (frees "
+                    f"{format_size((offload - 2) * block_bytes)} of resident weights for {format_size(need)} of "
+                    "activations)")
+    return (f"no chunking{' or block offload' if block_bytes and blocks else ''} of this model: even "
+            f"{last.describe()} needs {format_size(need)} with {format_size(max(room, 0))} left; a smaller weight "
+            "format or a shorter length (`h3director plan` computes what fits)")
 
 
 def make_guard_wrapper(guard, cost_model=None, stopper=None):
@@ -251,8 +294,8 @@ def make_guard_wrapper(guard, cost_model=None, stopper=None):
                 if reduced is not None:
                     return reduced[0]
                 forward.stop(error, "reduce_batch: no cheaper execution fits (more DiT chunks need the DiT Memory "
-                                    "node; a batch of 1 cannot be split)")
-            forward.stop(error)
+                                    "node; a batch of 1 cannot be split)", model=model)
+            forward.stop(error, model=model)
 
     return wrapper
 

@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--comfy-base", default=os.environ.get("H3_FARM_COMFY_BASE"),
                      help="ComfyUI base folder with models/ and custom_nodes/ (this pack installed) "
                           "(env H3_FARM_COMFY_BASE; default: the --comfyui folder)")
+    run.add_argument("--dry-run", action="store_true",
+                     help="price every job and print its rungs, need and placement on --workers (default: this "
+                          "machine); start nothing (no Ray, no ComfyUI, no ledger)")
     run.add_argument("--cpu", action="store_true",
                      help="start the ComfyUI servers with --cpu and run diffusers jobs on the CPU")
     status = sub.add_parser("status", help="the ledger of a run: every job's state, worker, peaks and time")
@@ -119,8 +122,25 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dry_run(args: argparse.Namespace) -> int:
+    import psutil
+
+    from h3director.farm.driver import dry_run
+    from h3director.farm.needs import comfy_model_dirs, parse_workers
+
+    if not Path(args.jobs).is_file():
+        raise InvalidInputError(f"job file {args.jobs!r} does not exist")
+    if args.address not in (None, "", "local"):
+        raise InvalidInputError("--dry-run prices against --workers (or this machine); it does not reach a cluster")
+    workers = parse_workers(args.workers, psutil.virtual_memory().available) if args.workers else _default_workers()
+    base = args.comfy_base or args.comfyui
+    return dry_run(args.jobs, workers, model_dirs=comfy_model_dirs(base))
+
+
 def run(args: argparse.Namespace) -> int:
     if args.farm_command == "status":
         return _status(args)
+    if args.dry_run:
+        return _dry_run(args)
     _require_farm_extra()
     return _run(args)

@@ -14,6 +14,11 @@ HELP = "Explain every out-of-memory error in a log: what was requested, what was
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="log file to read, or - for standard input")
+    parser.add_argument("--ram", default=None,
+                        help="host RAM of the machine that ran the job, e.g. 64GB, for the planner's settings "
+                             "(default: this machine's total RAM)")
+    parser.add_argument("--target", default="comfyui", choices=("comfyui", "diffusers"),
+                        help="name the settings as ComfyUI nodes (default) or diffusers calls")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
 
 
@@ -34,8 +39,17 @@ def _read(path: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from h3director.core.oom import OomError, explain_log, format_explanations
+    from h3director.plan.oom_advice import advise
+    from h3director.units import parse_size
 
+    if args.ram:
+        host, source = parse_size(args.ram, binary_gb=True), ""
+    else:
+        import psutil
+
+        host, source = int(psutil.virtual_memory().total), " (this machine's; pass --ram)"
     items = explain_log(_read(args.file))
+    advise(items, host_bytes=host, target=args.target, host_source=source)
     if args.json:
         print(json.dumps({"file": args.file, "errors": [item.to_dict() for item in items]}, indent=2))
     else:

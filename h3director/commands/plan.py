@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--placement-policy", default=None, choices=("auto", "resident", "phased"),
                         help="with --devices: components stay loaded (resident), are loaded per phase (phased), "
                              "or the better of both (auto, default)")
+    parser.add_argument("--target", default="comfyui", choices=("comfyui", "diffusers"),
+                        help="where the settings run: ComfyUI nodes (default) or the diffusers library; only "
+                             "settings with a node or call there are recommended, each printed with it")
     parser.add_argument("--json", action="store_true", help="print JSON for machines")
 
 
@@ -98,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         request = dataclasses.replace(request, text_encoder_device="cpu", fused_norms=False)
     formats = [args.weights] if args.weights else None
     as_asked = estimate(request)
-    advice = recommend(request, budget, formats=formats)
+    advice = recommend(request, budget, formats=formats, target=args.target)
     if args.json:
         out = as_asked.to_dict()
         out["budget"] = {"source": source, "device": budget.device, "device_bytes": budget.device_bytes,
@@ -119,11 +122,7 @@ def run(args: argparse.Namespace) -> int:
     print("\n" + advice.summary())
     print("\nRecommended settings, per phase:")
     print(advice.estimate.summary_table())
-    plan = advice.estimate
-    print(f"\nPool size (pre_allocated_pool_mb): {plan.implied_pool_mb()} MB, the largest phase working set "
-          f"({plan.largest_working_bytes / 2**20:,.0f} MiB) rounded up to whole GiB. The rule of thumb "
-          f"(DiT weights + largest working set) x 1.3 gives {plan.seed_pool_mb()} MB; it counts the weights, "
-          "which are never leased from the pool.")
+    print(f"\nPool (h3_config.yaml pre_allocated_pool_mb): {advice.pool_mb} MB; {advice.pool_note}")
     for note in as_asked.notes:
         print(f"note: {note}")
     return 0
@@ -145,6 +144,7 @@ def _run_devices(args: argparse.Namespace, request) -> int:
     """`--devices`: place the text encoder, the DiT and the VAEs across the devices (plan/placement.py)."""
     from h3director.errors import InvalidInputError
     from h3director.plan.estimate import estimate
+    from h3director.plan.formats import weight_format
     from h3director.plan.placement import parse_devices, place
 
     if args.vram is not None or args.device is not None:
@@ -160,8 +160,13 @@ def _run_devices(args: argparse.Namespace, request) -> int:
 
         host = int(psutil.virtual_memory().available)
         source = f"given: {args.devices}; host RAM {host / 2**30:.1f} GiB available"
-    placement = place(request, devices, host_bytes=host, margin=args.margin,
-                      formats=[args.weights] if args.weights else None, policy=args.placement_policy or "auto")
+    from h3director.plan import capabilities
+
+    if args.weights:
+        capabilities.check_offered(weight_format(args.weights).name, args.target)
+    formats = [args.weights] if args.weights else list(capabilities.dit_formats(args.target))
+    placement = place(request, devices, host_bytes=host, margin=args.margin, formats=formats,
+                      policy=args.placement_policy or "auto")
     if args.json:
         out = estimate(request).to_dict()
         out["budget"] = {"source": source, "devices": {d.name: d.capacity_bytes for d in devices},

@@ -127,7 +127,7 @@ def _fits(summary: dict, args: argparse.Namespace) -> dict:
         advice = recommend(request, budget, formats=[fmt])
         result["planner"] = {"job": f"{args.width}x{args.height}, {args.frames} frames", "format": fmt,
                              **advice.to_dict()}
-    except BudgetError as exc:
+    except (BudgetError, InvalidInputError) as exc:     # InvalidInputError: no ComfyUI loader for the format
         result["planner"] = {"job": f"{args.width}x{args.height}, {args.frames} frames", "format": fmt,
                              "fits": False, "reason": str(exc)}
     return result

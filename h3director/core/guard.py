@@ -51,12 +51,14 @@ class MemoryLimitExceeded(H3DirectorError):
 
     Attributes: ``phase``, ``memory`` ("GPU", "CPU" for a device budget on the CPU, or "host" for the
     host budget; see `memory_label`), ``budget_bytes``, ``measured_bytes``, ``requested_bytes``
-    (preflight only, else 0), ``device`` (the guarded device, "" when not given).
+    (preflight only, else 0), ``device`` (the guarded device, "" when not given), ``would_fit`` (the setting
+    that would have fit, named by its node and inputs, as the caller priced it; "" when not known), which ends
+    the message as "; would have fit: ...".
     """
 
     def __init__(self, phase: str, memory: str, budget_bytes: int, measured_bytes: int,
-                 requested_bytes: int = 0, detail: str = "", device: str = "") -> None:
-        self.phase, self.memory, self.device = phase, memory, device
+                 requested_bytes: int = 0, detail: str = "", device: str = "", would_fit: str = "") -> None:
+        self.phase, self.memory, self.device, self.would_fit = phase, memory, device, would_fit
         self.budget_bytes, self.measured_bytes, self.requested_bytes = budget_bytes, measured_bytes, requested_bytes
         use = f"measured use {format_size(measured_bytes)} ({measured_bytes} B)"
         if requested_bytes:
@@ -66,7 +68,8 @@ class MemoryLimitExceeded(H3DirectorError):
             + (f" on {device}" if device else "") + ": "
             f"budget {format_size(budget_bytes)} ({budget_bytes} B), {use}"
         )
-        super().__init__(message + (f"; {detail}" if detail else ""))
+        super().__init__(message + (f"; {detail}" if detail else "") + (f"; would have fit: {would_fit}" if would_fit
+                                                                        else ""))
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from h3director.geometry import SPATIAL_RATIO, frames_for_latents
 from h3director.units import GiB, format_size
 
 # A size as PyTorch's format_size prints it (and numpy's, which may end in "." as in "16. GiB").
@@ -124,6 +125,10 @@ _OOM_HINT = re.compile(
     re.IGNORECASE,
 )
 
+#: Lines that follow an error the parser read, written by ComfyUI's executor (execution.py) after an OOM: context,
+#: not another error.
+_FOLLOW_UPS = re.compile(r"Got an OOM, unloading all loaded models\.|This error means you ran out of memory on your GPU\.")
+
 #: Accelerator error code of a failed allocation (cudaErrorMemoryAllocation), as ``torch.AcceleratorError.error_code``
 #: carries it: what the cudaMallocAsync backend raises instead of ``torch.OutOfMemoryError``.
 CUDA_ERROR_MEMORY_ALLOCATION = 2
@@ -187,6 +192,11 @@ class OomError:
     diagnosis: str = "unknown"
     explanation: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
+    phase: str | None = None  # "sampling", "decode", "text_encoding" from the traceback (`log_context`)
+    node: str | None = None  # the failing ComfyUI node's class (or the candidates), when the log shows it
+    node_id: str | None = None
+    geometry: dict[str, int] | None = None  # {"width", "height", "frames"} when the log states them
+    steps: list[str] = field(default_factory=list)  # the VRAM guide's steps with their settings (plan.oom_advice)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -436,6 +446,100 @@ _PARSERS = (
     (_CUDA_RUNTIME, _from_cuda_runtime),
 )
 
+# ----------------------------------------------------------------------------------------------- log context
+
+_FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>[\w<>]+)')
+_TRACEBACK_START = "Traceback (most recent call last):"
+#: Source files whose frames place an error in a phase (innermost match wins; ComfyUI and this pack).
+PHASE_FILES = (
+    ("decode", ("comfy/ldm/minimax/vae.py", "comfy/ldm/minimax/audio_vae.py", "h3director/video/",
+                "h3director/integrations/comfy_vae.py", "h3director/comfy/nodes_decode.py")),
+    ("sampling", ("comfy/ldm/minimax/model.py", "comfy/k_diffusion/", "comfy/samplers.py", "comfy/sample.py",
+                  "h3director/dit/", "h3director/integrations/comfy_dit.py", "h3director/integrations/comfy_gguf.py",
+                  "h3director/comfy/nodes_guard.py")),
+    ("text_encoding", ("comfy/text_encoders/", "comfy/sd1_clip.py")),
+)
+#: (file name, function) of a node's entry point as ComfyUI's executor calls it -> the node class(es).
+NODE_FUNCTIONS = {
+    ("nodes.py", "sample"): "KSampler or KSamplerAdvanced",
+    ("nodes.py", "decode"): "VAEDecode or VAEDecodeTiled",
+    ("nodes.py", "encode"): "CLIPTextEncode",
+    ("nodes_custom_sampler.py", "sample"): "SamplerCustom",
+    ("nodes_custom_sampler.py", "execute"): "SamplerCustomAdvanced",
+    ("nodes_decode.py", "execute"): "H3DirectorDecodeAVStreaming",
+    ("nodes_upscale.py", "execute"): "H3DirectorUpscaleStreaming",
+    ("nodes_stitch.py", "execute"): "H3DirectorStitch",
+    ("nodes_textcache.py", "execute"): "H3DirectorCachedTextEncode",
+}
+_NODE_TYPE = re.compile(r"""["']node_type["']\s*:\s*["'](?P<type>[\w.-]+)["']""")
+_NODE_ID = re.compile(r"""["']node_id["']\s*:\s*["'](?P<id>[\w:.-]+)["']""")
+_GEOMETRY_TEXT = re.compile(r"(?P<w>\d{2,4})\s*x\s*(?P<h>\d{2,4})\s*[,;]?\s*(?:\(|at\s+)?(?P<f>\d{1,5})\s+frames")
+_GEOMETRY_JSON = re.compile(r"""["']width["']\s*:\s*(?P<w>\d+)\s*,\s*["']height["']\s*:\s*(?P<h>\d+)\s*,"""
+                            r"""\s*["'](?:length|frames)["']\s*:\s*(?P<f>\d+)""")
+# An H3 video latent [B, 24, T, h, w] as torch prints a shape: frames from T, pixels from h, w (x16)
+_H3_LATENT = re.compile(r"(?:torch\.Size\(\[|shape\s*[=:]?\s*[\[(])\s*\d+,\s*24,\s*(?P<t>\d+),\s*(?P<h>\d+),\s*(?P<w>\d+)\s*[\])]")
+
+
+def _traceback_before(text: str, offset: int) -> str:
+    """The traceback that ends at `offset` (from the last "Traceback (most recent call last):" before it), or ""
+    when the error is not the end of a traceback (its last frame must be within a few lines: the frame's source
+    line and the exception's name), so an earlier, unrelated traceback is never read."""
+    start = text.rfind(_TRACEBACK_START, 0, offset)
+    if start < 0:
+        return ""
+    tb = text[start:offset]
+    frames = list(_FRAME.finditer(tb))
+    if not frames or tb.count("\n", frames[-1].end()) > 3:
+        return ""
+    return tb
+
+
+def log_context(text: str, offset: int) -> dict[str, Any]:
+    """What the log says around the error at `offset`: {"phase", "node", "node_id", "geometry", "evidence"}
+    (None / empty where it says nothing). `phase` from the innermost traceback frame in `PHASE_FILES`; `node`
+    from a ``"node_type"`` in ComfyUI's error report near the error, else the frame ComfyUI's executor called
+    (`NODE_FUNCTIONS`, outermost frame after execution.py); `geometry` {"width", "height", "frames"} from
+    "WxH, N frames", a prompt's "width"/"height"/"length" inputs, or an H3 latent shape [B, 24, T, h, w]
+    (`geometry.frames_for_latents`: 5n+2 -> 17n+5), the last one stated before the error."""
+    tb = _traceback_before(text, offset)
+    frames = [(m.group("path").replace("\\", "/"), m.group("func")) for m in _FRAME.finditer(tb)]
+    found: dict[str, Any] = {"phase": None, "node": None, "node_id": None, "geometry": None, "evidence": []}
+    for path, func in reversed(frames):
+        phase = next((name for name, files in PHASE_FILES if any(f in path for f in files)), None)
+        if phase:
+            found["phase"] = phase
+            found["evidence"].append(f"traceback frame {path.rsplit('/', 1)[-1]} in {func}")
+            break
+    after_executor = False
+    for path, func in frames:
+        name = path.rsplit("/", 1)[-1]
+        if name == "execution.py":
+            after_executor = True
+            continue
+        if after_executor and (name, func) in NODE_FUNCTIONS:
+            found["node"] = NODE_FUNCTIONS[(name, func)]
+            break
+    near = text[max(0, offset - 20_000):offset + 20_000]
+    node_type = list(_NODE_TYPE.finditer(near))
+    if node_type:
+        found["node"] = node_type[-1].group("type")
+        node_id = list(_NODE_ID.finditer(near))
+        found["node_id"] = node_id[-1].group("id") if node_id else None
+    candidates = []
+    for pattern in (_GEOMETRY_TEXT, _GEOMETRY_JSON):
+        candidates += [(m.start(), int(m.group("w")), int(m.group("h")), int(m.group("f")))
+                       for m in pattern.finditer(text, 0, offset)]
+    for m in _H3_LATENT.finditer(text, 0, offset):
+        t = int(m.group("t"))
+        if t >= 2 and (t - 2) % 5 == 0:
+            candidates.append((m.start(), SPATIAL_RATIO * int(m.group("w")), SPATIAL_RATIO * int(m.group("h")),
+                               frames_for_latents(t)))
+    if candidates:
+        _, w, h, f = max(candidates)
+        found["geometry"] = {"width": w, "height": h, "frames": f}
+    return found
+
+
 #: Largest log read (characters); a longer log is read from its end, where the error usually is.
 MAX_LOG_CHARS = 64 * 1024 * 1024
 
@@ -457,24 +561,33 @@ def explain_log(text: str, *, dedupe: bool = True) -> list[OomError | NotUnderst
             start, end = match.span()
             if any(s <= start < e for s, e, _ in found):
                 continue  # already explained by a more specific format (e.g. "CUDA error" inside a longer text)
-            found.append((start, end, build(match, line_of(start))))
+            item = build(match, line_of(start))
+            context = log_context(text, start)
+            item.phase, item.node, item.node_id, item.geometry = (context["phase"], context["node"],
+                                                                  context["node_id"], context["geometry"])
+            found.append((start, end, item))
     covered_lines = set()
     for start, end, _ in found:
         covered_lines.update(range(line_of(start), line_of(max(end - 1, start)) + 1))
     unknown = []
     for number, line in enumerate(text.splitlines(), start=1):
-        if number not in covered_lines and _OOM_HINT.search(line):
+        if number not in covered_lines and _OOM_HINT.search(line) and not (found and _FOLLOW_UPS.search(line)):
             unknown.append(NotUnderstood(number, line.strip()))
 
     results: list[OomError | NotUnderstood] = [item for _, _, item in sorted(found, key=lambda x: x[0])]
     if dedupe:
-        seen: set[str] = set()
+        seen: dict[str, OomError] = {}
         unique = []
         for item in results:
             key = " ".join(item.text.split())
             if key not in seen:
-                seen.add(key)
+                seen[key] = item
                 unique.append(item)
+                continue
+            kept = seen[key]          # ComfyUI logs the message, then the traceback that ends in it: keep both's context
+            for name in ("phase", "node", "node_id", "geometry"):
+                if getattr(kept, name) is None:
+                    setattr(kept, name, getattr(item, name))
         results = unique
     return sorted(results + unknown, key=lambda item: item.line)
 
@@ -490,8 +603,16 @@ def format_explanations(items: list[OomError | NotUnderstood]) -> str:
                           f"  {item.text[:300]}")
             continue
         lines = [f"line {item.line}: {item.kind} out of memory on {item.device or '?'} -> {item.diagnosis}"]
+        if item.phase or item.node:
+            where = [f"phase {item.phase}"] if item.phase else []
+            if item.node:
+                where.append(f"node {item.node}" + (f" (id {item.node_id})" if item.node_id else ""))
+            lines.append("  in " + ", ".join(where))
         lines += [f"  - {text}" for text in item.explanation]
         lines += [f"  advice: {text}" for text in item.advice]
+        if item.steps:
+            lines.append("  the five steps, in the planner's order (take the first one not done yet):")
+            lines += [f"    {text}" for text in item.steps]
         blocks.append("\n".join(lines))
     understood = sum(isinstance(item, OomError) for item in items)
     blocks.append(f"{understood} out-of-memory error(s) explained, {len(items) - understood} line(s) not understood")

@@ -29,7 +29,7 @@ from h3director.farm.diffusers_job import request as diffusers_request
 from h3director.farm.jobs import Job, read_jobs, unknown_classes
 from h3director.farm.ledger import Ledger
 from h3director.farm.worker import NAMESPACE, ServerConfig, job_task, worker_actor
-from h3director.units import MiB
+from h3director.units import MiB, format_size
 
 MAX_ATTEMPTS = 4
 PLACEMENT_CHECK_S = 10.0       # how often the pending jobs are checked against the live device nodes
@@ -186,8 +186,9 @@ def _write_outputs(out_dir: Path, job_id: str, files: dict[str, bytes]) -> str:
 class Farm:
     """One run of a job file against a connected `Session` (see `run_farm`)."""
 
-    def __init__(self, session: Session, ledger: Ledger, out_dir: Path, display):
+    def __init__(self, session: Session, ledger: Ledger, out_dir: Path, display, model_dirs: tuple[Path, ...] = ()):
         self.session, self.ledger, self.out_dir, self.display = session, ledger, out_dir, display
+        self.model_dirs = model_dirs
         self.task = job_task()
         self.pending: dict[object, _Running] = {}
 
@@ -199,11 +200,10 @@ class Farm:
         """Check node classes, price every job, register it; the jobs to run (done ones skipped)."""
         specs = [spec for spec, _, _ in self.session.workers.values()]
         runnable = []
-        reserved = {LEDGER_NAME + suffix for suffix in ("", "-wal", "-shm", "-journal", ".lock")}
         for job in jobs:
-            if job.id in reserved:      # OUT/<job id>/ would be the ledger's own file
-                self.refuse(job.id, job.line, f"job id {job.id!r} is the ledger's name in --out "
-                            f"({', '.join(sorted(reserved))} are taken); rename the job")
+            reserved = reserved_id(job)
+            if reserved:
+                self.refuse(job.id, job.line, reserved)
                 continue
             missing = unknown_classes(job, known)
             if missing:
@@ -211,10 +211,11 @@ class Farm:
                             "have them (missing custom nodes?)")
                 continue
             try:
-                rungs = needs.ladder(job)
+                rungs = needs.ladder(job, self.model_dirs)
                 first = needs.first_rung(rungs, specs)
             except (InvalidInputError, BudgetError) as error:
-                self.refuse(job.id, job.line, str(error))
+                hint = needs.missing_nodes_hint(job, specs, self.model_dirs) if isinstance(error, BudgetError) else ""
+                self.refuse(job.id, job.line, str(error) + (f"\n  {hint}" if hint else ""))
                 continue
             row = self.ledger.sync(job.id, job.line, job.spec_hash)
             if row.state == "done":
@@ -331,6 +332,55 @@ class Farm:
             self.display.refresh()
 
 
+def reserved_id(job: Job) -> str | None:
+    """Why `job`'s id cannot be used (OUT/<job id>/ would be the ledger's own file), or None."""
+    reserved = {LEDGER_NAME + suffix for suffix in ("", "-wal", "-shm", "-journal", ".lock")}
+    if job.id in reserved:
+        return (f"job id {job.id!r} is the ledger's name in --out ({', '.join(sorted(reserved))} are taken); "
+                "rename the job")
+    return None
+
+
+def dry_run(jobs_path: str | Path, workers: list[needs.WorkerSpec], *, model_dirs: tuple[Path, ...] = (),
+            write=print) -> int:
+    """Price every job of `jobs_path` as `run_farm` would and `write` each job's rungs, the rung it would start
+    on and the workers that fit it; bad lines get the same refusals. Starts nothing (no Ray, no ComfyUI, no
+    ledger), so node classes are not checked against a server. 0 when every job would be placed, else 1."""
+    jobs, errors = read_jobs(jobs_path)
+    write("workers: " + ", ".join(f"{w.name} (device {format_size(w.accel_bytes)}, host {format_size(w.host_bytes)})"
+                                  for w in workers))
+    refused = 0
+    for error in errors:
+        write(f"[refused] {error}")
+        refused += 1
+    for job in jobs:
+        try:
+            reason = reserved_id(job)
+            if reason:
+                raise InvalidInputError(reason)
+            rungs = needs.ladder(job, model_dirs)
+            first = needs.first_rung(rungs, workers)
+        except (InvalidInputError, BudgetError) as error:
+            hint = needs.missing_nodes_hint(job, workers, model_dirs) if isinstance(error, BudgetError) else ""
+            write(f"[refused] line {job.line} (job {job.id}): {error}" + (f"\n  {hint}" if hint else ""))
+            refused += 1
+            continue
+        what = "diffusers pipeline" if job.diffusers is not None else f"workflow {job.workflow_path}"
+        write(f"job {job.id} (line {job.line}): {what}, {job.width}x{job.height}, {job.frames} frames")
+        if job.diffusers is None:
+            wf = needs.read_settings(job.workflow, model_dirs)
+            write(f"  loads: DiT {wf.weights} ({wf.weights_from}); text encoder {wf.text_encoder_weights} on "
+                  f"{wf.text_encoder_device}; audio {'on' if wf.audio else 'off'}")
+        for rung in rungs:
+            write(f"  {'->' if rung.index == first else '  '} {rung.describe()}")
+        rung = rungs[first]
+        fit = [w.name for w in workers if w.fits(rung)]
+        write(f"  placement: rung {first} (device {rung.device_mb} MiB, host {rung.host_mb} MiB) on "
+              f"{' or '.join(fit)}")
+    write(f"dry run: {len(jobs) + len(errors) - refused} job(s) would be placed, {refused} refused; nothing ran")
+    return 0 if not refused else 1
+
+
 def run_farm(jobs_path: str | Path, out_dir: str | Path, *, address: str | None, workers: list[needs.WorkerSpec],
              config: ServerConfig, console) -> int:
     """Run every job of `jobs_path`; 0 when all are done, 1 when some failed or were refused."""
@@ -354,7 +404,7 @@ def run_farm(jobs_path: str | Path, out_dir: str | Path, *, address: str | None,
                 known = start_workers(session, config)
                 display.event("workers: " + ", ".join(
                     f"{name} ({spec.accel_mb} MiB)" for name, (spec, _, _) in session.workers.items()))
-                farm = Farm(session, ledger, out_dir, display)
+                farm = Farm(session, ledger, out_dir, display, needs.comfy_model_dirs(config.base_dir))
                 farm.run(farm.prepare(jobs, known))
             finally:
                 session.close()

@@ -266,6 +266,22 @@ def decode_clip_working_set_bytes(vae_config: Mapping, height: int, width: int, 
                                 y_overlaps, x_overlaps, height, width, tiles_per_call)
 
 
+def clip_buffer_bytes(vae_config: Mapping, height: int, width: int, dtype: object = "bf16") -> int:
+    """Bytes of the per-clip buffers a streamed decode leases from the slot pool (`video.clip_buffers`), for one
+    `height` x `width` clip: the finished clip written into one buffer (`ClipBuffers.cat`: at most one decoder
+    call's frames, `clip_latent_frames` x `temporal_ratio`) and the cross-fade tail carried to the next clip
+    (`ClipBuffers.copy`: `frame_overlap` frames), both `[1, out_channels, frames, height, width]` in `dtype`.
+    This is the part of `decode_clip_working_set_bytes` (which also counts the decoder's activations) that the
+    pool serves; the decoder's activations never lease from it."""
+    shape = ViTDecoderShape.from_config(vae_config)
+    e = dtype_bytes(dtype)
+    overlap = TemporalGeometry(clip_length=int(vae_config.get("clip_length", 17)),
+                               temporal_ratio=shape.temporal_ratio,
+                               token_drop=int(vae_config.get("token_drop", 3))).frame_overlap
+    frames = shape.clip_latent_frames * shape.temporal_ratio + overlap
+    return shape.out_channels * frames * height * width * e
+
+
 def _streamed_tiled_peak(shape: ViTDecoderShape, e: int, attention: str, tile_tokens: int, tile_h: int,
                          tile_w: int, per_pixel: int, y_overlaps: list[int], x_overlaps: list[int],
                          height: int, width: int, tiles_per_call: int) -> int:

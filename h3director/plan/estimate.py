@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
@@ -36,7 +35,6 @@ from h3director.plan.models import (
     text_encoder_inventory,
     video_vae_inventory,
 )
-from h3director.units import MiB
 
 DEFAULT_TEXT_TOKENS = 512
 TEXT_ENCODER_VISION_TOKENS_PER_IMAGE = 1024   # a ~1 MP reference image after the 2x2 merger
@@ -193,17 +191,6 @@ class PlanEstimate:
     def largest_working_bytes(self) -> int:
         return max(p.working_bytes for p in self.phases)
 
-    def implied_pool_mb(self) -> int:
-        """Pool size this plan implies: the largest phase working set, rounded UP to 1024 MiB."""
-        return math.ceil(self.largest_working_bytes / MiB / 1024) * 1024
-
-    def seed_pool_mb(self) -> int:
-        """The seed formula: (weights MB + largest node MB) x 1.3, rounded DOWN to a multiple of 1024."""
-        dit_weights_mb = _weight_bytes("dit", model_config_key(self.request.dit_config), self.request.weights,
-                                       DIT_HIGH_PRECISION_BYTES) / MiB
-        value = (dit_weights_mb + self.largest_working_bytes / MiB) * 1.3
-        return int(value // 1024) * 1024
-
     def to_dict(self) -> dict:
         request = {k: v for k, v in asdict(self.request).items() if not k.endswith("_config")}
         return {
@@ -212,7 +199,6 @@ class PlanEstimate:
             "phases": [dict(asdict(p), device_bytes=p.device_bytes) for p in self.phases],
             "peak_device_bytes": self.peak_device_bytes,
             "peak_host_bytes": self.peak_host_bytes,
-            "pool": {"implied_mb": self.implied_pool_mb(), "seed_formula_mb": self.seed_pool_mb()},
             "notes": list(self.notes),
         }
 

@@ -59,6 +59,7 @@ FORMATS: dict[str, WeightFormat] = {
     "nf4": WeightFormat("nf4", 4 + 32 / 64, description="bitsandbytes NF4, float32 absmax per 64 weights"),
     "nvfp4": WeightFormat("nvfp4", 4 + 8 / 16, description="NVFP4, fp8 scale per 16 weights"),
     "q8_0": WeightFormat("q8_0", _ggml_bpw("Q8_0"), vector_bytes=4, description="GGUF Q8_0"),
+    "q6_k": WeightFormat("q6_k", _ggml_bpw("Q6_K"), vector_bytes=4, description="GGUF Q6_K"),
     "q5_k": WeightFormat("q5_k", _ggml_bpw("Q5_K"), vector_bytes=4, description="GGUF Q5_K"),
     "q4_k": WeightFormat("q4_k", _ggml_bpw("Q4_K"), vector_bytes=4, description="GGUF Q4_K"),
     # Q4_K_M: per-matrix bits depend on the tensor's role; `bits_per_weight` is the Q4_K base.
@@ -67,7 +68,7 @@ FORMATS: dict[str, WeightFormat] = {
 }
 
 ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8": "fp8", "fp8_e4m3": "fp8",
-           "int8_convrot": "int8", "gguf_q8_0": "q8_0", "gguf_q5_k": "q5_k", "gguf_q4_k_m": "q4_k_m",
+           "int8_convrot": "int8", "gguf_q8_0": "q8_0", "gguf_q5_k": "q5_k", "gguf_q6_k": "q6_k", "gguf_q4_k": "q4_k", "gguf_q4_k_m": "q4_k_m",
            "q5_k_m": "q5_k", "nvfp4_awq": "nvfp4"}
 
 Q6K_BPW = _ggml_bpw("Q6_K")

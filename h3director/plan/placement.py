@@ -566,7 +566,7 @@ def refusal_message(request: PlanRequest, devices: Sequence[DeviceSpec], *, host
     shape = DiTShape.from_config(request.dit_config)
     heads, ffn = [c for c in CHUNKINGS if shape.heads % c[0] == 0][-1]
     smallest = dataclasses.replace(request, weights=formats[-1], head_chunks=heads, ffn_chunks=ffn,
-                                   offload_blocks=shape.layers, text_encoder_weights=TEXT_ENCODER_CHOICES[2][1],
+                                   offload_blocks=shape.layers, text_encoder_weights=TEXT_ENCODER_CHOICES[-1][1],
                                    decode_tiles_per_call=1, sink=SINK_ORDER[-1])
     largest = max(devices, key=lambda d: d.capacity_bytes)
     needs = _needs(smallest, {c: largest.name for c in COMPONENTS})

@@ -2,8 +2,10 @@
 
 Search order (first fit wins; exact savings before ones that cost speed, speed before quality):
 
-1. text encoder: on the accelerator in bf16, fp8, GGUF Q4_K_M; else on the CPU (host RAM);
-2. DiT: weights format from best to most compressed (bf16, fp8, int8, q8_0, q5_k, q4_k_m, nf4; or the
+1. text encoder: on the accelerator in bf16, then fp8; else on the CPU (host RAM) in bf16, then fp8 (GGUF text
+   encoders are not offered: nothing loads a GGUF Qwen3-VL);
+2. DiT: weights format from best to most compressed among those the target loads
+   (`capabilities.dit_formats(target)`: bf16, fp8, int8 (ComfyUI only), q8_0, q6_k, q5_k, q4_k_m, q4_k; or the
    one the user fixed); for each, the least attention head / FFN chunking that fits with the DiT resident
    (exact, about as fast); else block offload of 0..50 blocks (exact, slower: each step streams the
    offloaded blocks over the bus) with the chunking that needs the fewest offloaded blocks;
@@ -18,22 +20,35 @@ Search order (first fit wins; exact savings before ones that cost speed, speed b
 `Budget.host_usable` = RAM x (1 - margin). On a CPU-only or MPS budget (`Budget.unified`) model and
 buffers share one memory: a phase fits when its device and host bytes together fit `host_usable`, and
 on the CPU the text encoder is placed on the CPU. A returned `Recommendation` always fits its own estimate.
+
+Every setting chosen has an executor in the target (`plan.capabilities`; `recommend(..., target=...)`), and
+`Recommendation.applied()` says which node input or library call applies each one. The decode buffer pool
+(`pre_allocated_pool_mb`) is sized on what it serves, the streamed decode's clip buffers
+(`plan.decode.clip_buffer_bytes`, whole GiB), and recommended only when it fits beside every phase (it is held
+for the process).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from h3director import geometry
 from h3director.errors import BudgetError
+from h3director.plan import capabilities
 from h3director.plan.activations import DiTShape
+from h3director.plan.decode import clip_buffer_bytes
 from h3director.plan.estimate import Phase, PlanEstimate, PlanRequest, estimate
-from h3director.units import MiB, format_size
+from h3director.plan.formats import weight_format
+from h3director.units import GiB, MiB, format_size
 
-DIT_FORMATS = ("bf16", "fp8", "int8", "q8_0", "q5_k", "q4_k_m", "nf4")
-TEXT_ENCODER_CHOICES = (("gpu", "bf16"), ("gpu", "fp8"), ("gpu", "q4_k_m"), ("cpu", "bf16"), ("cpu", "q4_k_m"))
+# Every DiT format some target loads, best first; `recommend` narrows it to its target's.
+DIT_FORMATS = tuple(dict.fromkeys(f for t in capabilities.TARGETS for f in capabilities.dit_formats(t)))
+# (device, format), best first: no GGUF text encoder (no loader reads a GGUF Qwen3-VL).
+TEXT_ENCODER_CHOICES = (("gpu", "bf16"), ("gpu", "fp8"), ("cpu", "bf16"), ("cpu", "fp8"))
+DEFAULT_TARGET = "comfyui"
 # (head chunks, FFN chunks), cheapest to run first: stock, then the DiT memory tiers in the order
 # `h3director.dit.tiers.escalation_ladder` walks them (FFN row chunks, then head groups with them).
 CHUNKINGS = ((1, 1), (1, 2), (2, 8), (4, 8), (8, 16), (14, 28), (28, 56), (56, 112))
@@ -119,6 +134,15 @@ class Recommendation:
     budget: Budget
     long_form: LongForm | None = None
     rejected: tuple[str, ...] = field(default_factory=tuple)
+    target: str = DEFAULT_TARGET
+    pool_mb: int = 0
+    pool_note: str = ""
+
+    def applied(self) -> tuple[capabilities.AppliedSetting, ...]:
+        """Each chosen setting with the node input or library call that applies it in `target`."""
+        decode = _phase(self.estimate, "decode")
+        return capabilities.applied_settings(self.request, self.target, decode_device_bytes=decode.device_bytes,
+                                             pool_mb=self.pool_mb, long_form=self.long_form)
 
     def settings(self) -> dict:
         r = self.request
@@ -141,7 +165,10 @@ class Recommendation:
             "host_usable_bytes": self.budget.host_usable,
             "peak_device_bytes": self.estimate.peak_device_bytes,
             "peak_host_bytes": self.estimate.peak_host_bytes,
-            "pool": {"implied_mb": self.estimate.implied_pool_mb(), "seed_formula_mb": self.estimate.seed_pool_mb()},
+            "target": self.target,
+            "applied": [a.to_dict() for a in self.applied()],
+            "pool": {"recommended_mb": self.pool_mb, "config_key": capabilities.POOL_CONFIG_KEY,
+                     "serves": "streamed decode clip buffers", "note": self.pool_note},
             "does_not_fit": list(self.rejected),
         }
 
@@ -178,6 +205,10 @@ class Recommendation:
         else:
             lines.append(f"  predicted peak    device {format_size(self.estimate.peak_device_bytes)}, "
                          f"host {format_size(self.estimate.peak_host_bytes)}")
+        lines.append(f"How to apply ({self.target}):")
+        lines += [f"  {a.capability:<26}{a.text}: {a.how()}" for a in self.applied()]
+        if not self.pool_mb:
+            lines.append(f"  {'memory.pool':<26}no pool ({capabilities.POOL_CONFIG_KEY}: 0): {self.pool_note}")
         if self.rejected:
             lines.append("Does not fit:")
             lines += [f"  - {reason}" for reason in self.rejected]
@@ -211,15 +242,19 @@ def _phase_fits(budget: Budget, plan: PlanEstimate, name: str) -> bool:
     return budget.phase_fits(_phase(plan, name))
 
 
-def _text_encoder_choices(budget: Budget) -> tuple[tuple[str, str], ...]:
-    """(device, format) pairs to try, best first; a CPU-only budget has no accelerator to place it on."""
+def _text_encoder_choices(budget: Budget, target: str = DEFAULT_TARGET) -> tuple[tuple[str, str], ...]:
+    """(device, format) pairs to try, best first, in formats `target` loads; a CPU-only budget has no accelerator
+    to place it on."""
+    formats = capabilities.text_encoder_formats(target)
+    choices = tuple(choice for choice in TEXT_ENCODER_CHOICES if choice[1] in formats)
     if budget.device == "cpu":
-        return tuple(choice for choice in TEXT_ENCODER_CHOICES if choice[0] == "cpu")
-    return TEXT_ENCODER_CHOICES
+        return tuple(choice for choice in choices if choice[0] == "cpu")
+    return choices
 
 
-def _choose_text_encoder(request: PlanRequest, budget: Budget, rejected: list[str]) -> PlanRequest:
-    choices = _text_encoder_choices(budget)
+def _choose_text_encoder(request: PlanRequest, budget: Budget, rejected: list[str],
+                         target: str = DEFAULT_TARGET) -> PlanRequest:
+    choices = _text_encoder_choices(budget, target)
     for device, fmt in choices:
         candidate = _replace(request, text_encoder_device=device, text_encoder_weights=fmt)
         if _phase_fits(budget, estimate(candidate), "text_encoding"):
@@ -235,7 +270,23 @@ def _choose_text_encoder(request: PlanRequest, budget: Budget, rejected: list[st
                                     f"{format_size(first.device_bytes)}")
             return candidate
     raise BudgetError("the text encoder fits neither the accelerator nor host RAM in any format "
-                      f"(smallest: Q4_K_M on CPU); host usable {format_size(budget.host_usable)}")
+                      f"(smallest: {choices[-1][1]} on the CPU); host usable {format_size(budget.host_usable)}")
+
+
+def pool_recommendation(plan: PlanEstimate, budget: Budget) -> tuple[int, str]:
+    """(pre_allocated_pool_mb, why) for `plan` on `budget`: the streamed decode's clip buffers
+    (`clip_buffer_bytes` at the plan's canvas and VAE dtype) rounded up to whole GiB, as the config requires;
+    0 when that pool, held on the device through every phase, would not fit beside some phase's need."""
+    r = plan.request
+    served = clip_buffer_bytes(dict(r.vae_config or {}), r.height, r.width, r.vae_dtype)
+    pool = math.ceil(served / GiB) * GiB
+    for phase in plan.phases:
+        grown = dataclasses.replace(phase, working_bytes=phase.working_bytes + pool)
+        if not budget.phase_fits(grown):
+            return 0, (f"a {pool // MiB} MiB pool for the decode's {format_size(served)} of clip buffers, held "
+                       f"through every phase, does not fit beside {phase.name}")
+    return pool // MiB, (f"serves the streamed decode's clip buffers ({format_size(served)} per clip: finished "
+                         "clip + cross-fade tail), rounded up to whole GiB; held for the process")
 
 
 def _chunkings(shape: DiTShape) -> tuple[tuple[int, int], ...]:
@@ -357,13 +408,22 @@ def _chain(request: PlanRequest, budget: Budget, formats: Sequence[str], longest
 
 
 def recommend(request: PlanRequest, budget: Budget | int, *, formats: Sequence[str] | None = None,
-              host_bytes: int | None = None) -> Recommendation:
+              host_bytes: int | None = None, target: str = DEFAULT_TARGET) -> Recommendation:
     """Settings for `request` that fit `budget` (a `Budget`, or device bytes plus `host_bytes`;
-    `host_bytes` None = this machine's available RAM, read with psutil).
+    `host_bytes` None = this machine's available RAM, read with psutil), every one with an executor in
+    `target` ("comfyui" or "diffusers", `plan.capabilities`).
 
-    `formats`: the DiT weight formats allowed, best first (default: all of `DIT_FORMATS`).
-    Raises `BudgetError` naming the smallest need when nothing fits, not even long-form chunks.
+    `formats`: the DiT weight formats allowed, best first (default: those `target` loads,
+    `capabilities.dit_formats`). Raises `InvalidInputError` for a format `target` cannot load, `BudgetError`
+    naming the smallest need when nothing fits, not even long-form chunks.
     """
+    rec = _recommend(request, budget, formats=formats, host_bytes=host_bytes, target=target)
+    pool_mb, note = pool_recommendation(rec.estimate, rec.budget)
+    return dataclasses.replace(rec, target=target, pool_mb=pool_mb, pool_note=note)
+
+
+def _recommend(request: PlanRequest, budget: Budget | int, *, formats: Sequence[str] | None,
+               host_bytes: int | None, target: str) -> Recommendation:
     if not isinstance(budget, Budget):
         if host_bytes is None:
             import psutil
@@ -371,12 +431,17 @@ def recommend(request: PlanRequest, budget: Budget | int, *, formats: Sequence[s
             host_bytes = psutil.virtual_memory().available
         budget = Budget(device_bytes=int(budget), host_bytes=int(host_bytes))
     request.validate()
-    formats = tuple(formats or DIT_FORMATS)
+    capabilities.check_target(target)
+    if formats:
+        formats = tuple(weight_format(fmt).name for fmt in formats)
+        for fmt in formats:
+            capabilities.check_offered(fmt, target)
+    formats = tuple(formats or capabilities.dit_formats(target))
     rejected: list[str] = []
     if budget.device_usable <= 0 and not budget.unified:
         raise BudgetError(f"device budget {format_size(budget.device_bytes)} leaves nothing after the "
                           f"{budget.margin:.0%} margin and {format_size(budget.reserve_bytes)} reserve")
-    request = _choose_text_encoder(request, budget, rejected)
+    request = _choose_text_encoder(request, budget, rejected, target)
 
     best = estimate(_replace(request, weights=formats[0]))
     sampling = _phase(best, "sampling")
