@@ -64,7 +64,7 @@ FORMATS: dict[str, WeightFormat] = {
     "q4_k": WeightFormat("q4_k", _ggml_bpw("Q4_K"), vector_bytes=4, description="GGUF Q4_K"),
     # Q4_K_M: per-matrix bits depend on the tensor's role; `bits_per_weight` is the Q4_K base.
     "q4_k_m": WeightFormat("q4_k_m", _ggml_bpw("Q4_K"), vector_bytes=4,
-                           description="GGUF Q4_K_M (Q4_K, value/FFN-down of half the layers Q6_K)"),
+                           description="GGUF Q4_K_M (Q4_K; fused qkv and FFN-down of half the layers Q6_K)"),
 }
 
 ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8": "fp8", "fp8_e4m3": "fp8",
@@ -72,7 +72,10 @@ ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8": "
            "q5_k_m": "q5_k", "nvfp4_awq": "nvfp4"}
 
 Q6K_BPW = _ggml_bpw("Q6_K")
-MIXED_ROLES = ("attn_v", "ffn_down")   # the roles Q4_K_M upgrades to Q6_K in half of the layers
+# The roles Q4_K_M upgrades to Q6_K in half of the layers: llama.cpp's rule upgrades attn_v and ffn_down and
+# classes a fused qkv tensor with attn_v; H3's q, k and v are one fused tensor (qkv_proj), so `weights convert`
+# writes all three Q6_K in those layers (weights/convert.py), and they are priced so here.
+MIXED_ROLES = ("attn_qk", "attn_v", "ffn_down")
 
 
 def weight_format(name: str) -> WeightFormat:
