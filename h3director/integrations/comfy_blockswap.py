@@ -55,10 +55,12 @@ log = logging.getLogger(__name__)
 
 
 def _eligible(device):
-    """Tensors this adapter may move: on ComfyUI's load device, in a module ComfyUI is not casting itself."""
+    """Tensors this adapter may move: those ComfyUI placed on the load device (a layer it left in lowvram mode
+    keeps its weights on the offload device and streams them itself). A manual-cast layer's stored weight
+    moves like any other: it casts whatever tensor it holds when it runs."""
 
     def eligible(module, name, tensor) -> bool:
-        return tensor.device == device and not getattr(module, "comfy_cast_weights", False)
+        return tensor.device == device
     return eligible
 
 
