@@ -37,6 +37,7 @@ Units: bytes.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -69,6 +70,14 @@ def _plain(tensor) -> bool:
         and not tensor.is_meta and tensor.numel() > 0
 
 
+@contextlib.contextmanager
+def _like(inference: bool):
+    """Make copies under the inference mode of the tensor they replace (a parameter loaded under
+    `torch.inference_mode`, as ComfyUI's sampler loads them, only takes inference tensors, and vice versa)."""
+    with torch.inference_mode(inference), torch.no_grad():
+        yield
+
+
 def _nbytes(tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
@@ -82,6 +91,7 @@ class _Slot:
     name: str
     tensor: torch.Tensor
     host: torch.Tensor
+    inference: bool = False  # the tensor was an inference tensor: its copies are made as such too
 
     def current(self):
         return self.module._parameters.get(self.name, self.module._buffers.get(self.name))
@@ -145,11 +155,12 @@ class BlockSwap:
         data = tensor.data
         if data.device == self.host and (data.is_pinned() or not self.pinned) and data.is_contiguous():
             return data  # already a usable host copy: adopt it
-        if self.pinned:
-            host = torch.empty(data.shape, dtype=data.dtype, pin_memory=True)
-        else:
-            host = torch.empty(data.shape, dtype=data.dtype, device=self.host)
-        host.copy_(data)
+        with _like(tensor.is_inference()):
+            if self.pinned:
+                host = torch.empty(data.shape, dtype=data.dtype, pin_memory=True)
+            else:
+                host = torch.empty(data.shape, dtype=data.dtype, device=self.host)
+            host.copy_(data)
         return host
 
     def sync(self) -> int:
@@ -159,7 +170,7 @@ class BlockSwap:
             raise RuntimeError("BlockSwap.sync() during a forward")
         moved = 0
         kept = 0
-        with torch.inference_mode(False), torch.no_grad():
+        with torch.no_grad():
             for i in self.offloaded:
                 old = {(id(s.module), s.name): s for s in self._slots[i]}
                 slots = []
@@ -174,10 +185,11 @@ class BlockSwap:
                     if not self.eligible(module, name, tensor):
                         continue
                     on_device = tensor.device == self.device and self.device != self.host
+                    inference = tensor.is_inference()
                     host = self._host_copy(tensor)
                     tensor.data = host
                     moved += _nbytes(host) if on_device else 0
-                    slots.append(_Slot(module, name, tensor, host))
+                    slots.append(_Slot(module, name, tensor, host, inference))
                 self._slots[i] = slots
         self.kept_in_place = kept
         return moved
@@ -187,13 +199,13 @@ class BlockSwap:
         bytes put back on the device (0 on the CPU)."""
         self.end_forward()
         back = 0
-        with torch.inference_mode(False), torch.no_grad():
-            for i in self.offloaded:
-                for slot in self._slots[i]:
-                    if slot.backed():
+        for i in self.offloaded:
+            for slot in self._slots[i]:
+                if slot.backed():
+                    with _like(slot.inference):
                         slot.tensor.data = slot.host.to(self.device, copy=self.device == self.host)
-                        back += _nbytes(slot.host) if self.device != self.host else 0
-                self._slots[i] = []
+                    back += _nbytes(slot.host) if self.device != self.host else 0
+            self._slots[i] = []
         return back
 
     def forget(self) -> None:
@@ -205,20 +217,16 @@ class BlockSwap:
     def _copy_in(self, index: int) -> tuple[list[torch.Tensor], object]:
         copies = []
         event = None
-        with torch.inference_mode(False), torch.no_grad():
-            if self.stream is not None:
-                with torch.cuda.stream(self.stream):
-                    for slot in self._slots[index]:
-                        dev = torch.empty(slot.host.shape, dtype=slot.host.dtype, device=self.device)
-                        dev.copy_(slot.host, non_blocking=self.pinned)
-                        copies.append(dev)
-                    event = torch.cuda.Event()
-                    event.record(self.stream)
-            else:
-                for slot in self._slots[index]:
+        context = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+        with context:
+            for slot in self._slots[index]:
+                with _like(slot.inference):
                     dev = torch.empty(slot.host.shape, dtype=slot.host.dtype, device=self.device)
                     dev.copy_(slot.host, non_blocking=self.pinned)
-                    copies.append(dev)
+                copies.append(dev)
+            if self.stream is not None:
+                event = torch.cuda.Event()
+                event.record(self.stream)
         self.stats.bytes_onloaded += sum(_nbytes(c) for c in copies)
         return copies, event
 
