@@ -16,8 +16,9 @@ node's call; diffusers' `MiniMaxH3Transformer3DModel` through
 Derived, per path: transfer_s = sync - resident (the copies' cost when nothing hides them), hidden_s =
 sync - stream (what the side stream hid), overlap = hidden_s / transfer_s (1.0: fully hidden), and the copy
 bandwidth measured alone (pinned host -> device, one block's bytes, CUDA events). Also: `torch.equal` of each
-offloaded output to the resident one, weights allocated on the GPU during the offloaded forward vs resident,
-peak bytes, the swap's own counts (onloads, prefetched, peak offloaded blocks on the device).
+offloaded output to the resident one, bytes allocated at the start of the forward and the peak (CUDA),
+ComfyUI's `loaded_size()` (its weight accounting, lowered by the offloaded blocks), the swap's own counts
+(onloads, prefetched, peak offloaded blocks on the device).
 
 Writes one JSON to --out (with the torch/CUDA versions, the GPU name and the code's git revision). Without a GPU
 and without --dry-run it says so and exits 2. Meant to finish in well under a minute on an H200.
@@ -141,11 +142,12 @@ def comfy_path(size: dict, offload: int, repeats: int, device, dtype, dry: bool)
 
     result = {"config": config, "geometry": inputs["geometry"], "block_bytes": block_bytes}
     t_res, ref, mem = timed(run(patcher), device, repeats)
-    result["resident"] = {"seconds": t_res, **mem}
+    result["resident"] = {"seconds": t_res, "comfy_loaded_size_bytes": int(patcher.loaded_size()), **mem}
     for name, stream in (("stream", True), ("sync", False)):
         model, handle = comfy_blockswap.install(patcher, offload, use_stream=stream)
         t, out, mem = timed(run(model), device, repeats)
-        result[name] = {"seconds": t, "equal_to_resident": equal(ref, out), "report": handle.last_report, **mem}
+        result[name] = {"seconds": t, "equal_to_resident": equal(ref, out), "report": handle.last_report,
+                        "comfy_loaded_size_bytes": int(model.loaded_size()), **mem}
         handle.on_detach(model, False)  # blocks back on the device before the next setting, as ComfyUI's detach
         del model, handle
     result.update(derived(t_res, result["stream"]["seconds"], result["sync"]["seconds"]))

@@ -107,8 +107,10 @@ class BlockSwapHandle:
     # ComfyUI callbacks ----------------------------------------------------------------------------------
     def on_load(self, model_patcher, device_to, lowvram_model_memory, force_patch_weights, full_load) -> None:
         if device_to is not None and self.count:
+            import torch
+
             with self._lock:
-                self.sync(model_patcher.model.diffusion_model, model_patcher.load_device)
+                self.sync(model_patcher.model.diffusion_model, torch.device(device_to))
 
     def on_detach(self, model_patcher, unpatch_all) -> None:
         with self._lock:
