@@ -148,7 +148,7 @@ def comfy_path(size: dict, offload: int, repeats: int, device, dtype, dry: bool)
         t, out, mem = timed(run(model), device, repeats)
         result[name] = {"seconds": t, "equal_to_resident": equal(ref, out), "report": handle.last_report,
                         "comfy_loaded_size_bytes": int(model.loaded_size()), **mem}
-        handle.on_detach(model, False)  # blocks back on the device before the next setting, as ComfyUI's detach
+        handle.on_detach(model, False)  # as ComfyUI's detach: the next load places the blocks again
         del model, handle
     result.update(derived(t_res, result["stream"]["seconds"], result["sync"]["seconds"]))
     result["copy_one_block"] = copy_bandwidth(block_bytes, device)

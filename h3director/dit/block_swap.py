@@ -208,6 +208,10 @@ class BlockSwap:
             self._slots[i] = []
         return back
 
+    def backed_slots(self) -> list[_Slot]:
+        """The offloaded tensors still backed by their host copies (module, name, tensor, host)."""
+        return [slot for i in self.offloaded for slot in self._slots[i] if slot.backed()]
+
     def forget(self) -> None:
         """Drop the bookkeeping without moving anything (the framework already put the tensors elsewhere)."""
         self.end_forward()

@@ -28,9 +28,12 @@ Hooks (ComfyUI's own):
   or the stock block, release block i. The chaining is made per forward on a copy of the options, so the
   MODEL's `model_options` hold no entry of ours (DiT Memory's conflict check never sees one) and DiT Memory
   may come before or after this node;
-- `CallbacksMP.ON_LOAD` (offload right after ComfyUI loaded the weights) and `CallbacksMP.ON_DETACH` (put the
-  blocks back on the device when ComfyUI hands the model to another clone without unloading it, e.g. the
-  stock MODEL in the same workflow; forget them when it unloaded the model).
+- `CallbacksMP.ON_LOAD` (offload right after ComfyUI loaded the weights) and `CallbacksMP.ON_DETACH` (when
+  ComfyUI hands the model to another clone without unloading it, e.g. the stock MODEL in the same workflow or
+  this MODEL's next sampling call: the offloaded layers are put in the state its loader knows, "on the offload
+  device, not patched" (LoRA backups restored, `comfy_patched_weights` False, `model_lowvram` True), so its
+  next `load()` re-patches and places them within its own budget, and the ON_LOAD offloads them again: one
+  round trip per sampling call, not per step; when it unloaded the model, the host copies are forgotten).
 
 GGUF DiT (`comfy_gguf`): a quantised layer's weight is its uint8 bytes; those are what move, and the layer
 dequantises from the device copy. Tensor subclasses (ComfyUI `QuantizedTensor` layouts) stay where ComfyUI
@@ -40,6 +43,7 @@ put them; `handle.kept_in_place` counts them.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,14 +117,44 @@ class BlockSwapHandle:
                 self.sync(model_patcher.model.diffusion_model, torch.device(device_to))
 
     def on_detach(self, model_patcher, unpatch_all) -> None:
+        """ComfyUI hands the model on. With `unpatch_all` it already moved the model off the device and
+        restored the unpatched weights: forget the host copies. Without (another clone of this MODEL, or this
+        one again, is about to load): put the offloaded layers into the state ComfyUI's loader knows, "on the
+        offload device, not patched" (their LoRA backups restored, `comfy_patched_weights` False, the model
+        marked partially loaded), so the next `load()` patches and places them within its own memory budget;
+        nothing is copied onto the device here."""
         with self._lock:
-            if self.swap is None:
+            swap = self.swap
+            if swap is None:
                 return
-            if unpatch_all:  # ComfyUI moved the model off the device and restored unpatched weights
-                self.swap.forget()
-                return
-            back = self.swap.restore()  # the next user of this model expects it where ComfyUI left it
-            model_patcher.model.model_loaded_weight_memory += back
+            if not unpatch_all:
+                self._hand_back(model_patcher, swap)
+            swap.forget()
+
+    @staticmethod
+    def _hand_back(model_patcher, swap: BlockSwap) -> None:
+        utils = sys.modules.get("comfy.utils")  # loaded with ComfyUI; no import (a patcher's __del__ may run at exit)
+        if utils is None:
+            return
+        base = model_patcher.model
+        names = {id(module): name for name, module in base.named_modules()}
+        touched = False
+        for slot in swap.backed_slots():
+            owner = names.get(id(slot.module))
+            if owner is None:
+                continue
+            key = f"{owner}.{slot.name}" if owner else slot.name
+            backup = model_patcher.backup.pop(key, None)
+            if backup is not None:
+                if backup.inplace_update:
+                    utils.copy_to_param(base, key, backup.weight)
+                else:
+                    utils.set_attr_param(base, key, backup.weight)
+            if getattr(slot.module, "comfy_patched_weights", False):
+                slot.module.comfy_patched_weights = False
+            touched = True
+        if touched:
+            base.model_lowvram = True  # partially_load then runs load(), which places these layers again
 
 
 class _SwapPatch:

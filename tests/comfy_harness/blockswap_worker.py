@@ -117,9 +117,11 @@ def run_checks(root: str, tmp: str) -> dict:
             stock = forward(patched, dtype)
             ours, handle = comfy_blockswap.install(patched, 2)  # blocks 1 and 4: both carry patches
             out = forward(ours, dtype)
-            forward(base, dtype)  # ComfyUI unpatches for the plain MODEL
-            ok[dtype_name] = (len(added) == 3, not equal(plain, stock), equal(stock, out),
-                              sorted(handle.offloaded) == [1, BLOCKS - 1])
+            again = forward(patched, dtype)  # the LoRA MODEL after the clone: its layers re-patched by ComfyUI
+            twice = forward(ours, dtype)
+            unpatched = forward(base, dtype)  # ComfyUI unpatches for the plain MODEL
+            ok[dtype_name] = (len(added) == 3, not equal(plain, stock), equal(stock, out), equal(stock, again),
+                              equal(stock, twice), equal(plain, unpatched), sorted(handle.offloaded) == [1, BLOCKS - 1])
         return all(all(v) for v in ok.values()), ok
     check("lora/patched-weights-are-what-moves", lora)
 
