@@ -7,7 +7,8 @@ For each path (ComfyUI's own `MiniMaxH3Model` through `h3director.integrations.c
 node's call; diffusers' `MiniMaxH3Transformer3DModel` through
 `h3director.integrations.diffusers_offload.apply_block_offload`), at a modest size (default: 12 blocks, hidden
 3072, 24 x 128 heads, FFN 8192, bf16; 768x768 x 124 frames, about 21,800 packed rows), one DiT forward is timed
-(median of --repeats after one warm-up, `torch.cuda.synchronize` around it) in three settings:
+(median of --repeats after one warm-up, `torch.cuda.synchronize` around it; for ComfyUI the sampler's model load
+before each forward, with the swap's offload after it, runs outside the clock) in three settings:
 
 - resident: every block on the GPU;
 - stream: --offload blocks in pinned host RAM, each copied in on the side stream while the block before runs;
@@ -62,22 +63,24 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(fn, device, repeats: int) -> tuple[float, object, dict]:
-    """Median seconds of `fn()` over `repeats` runs after one warm-up; the last output; memory stats (CUDA)."""
+def timed(fn, device, repeats: int, prepare=None) -> tuple[float, object, dict]:
+    """Median seconds of `fn(prepared)` over `repeats` runs after one warm-up; the last output; memory stats
+    (CUDA: allocated at the start, peak). `prepare()` (ComfyUI's load) runs before each, outside the clock."""
     import torch
 
-    out = fn()
+    out = fn(prepare() if prepare else None)
     sync(device)
     seconds = []
     memory = {}
     for _ in range(repeats):
         gc.collect()
+        prepared = prepare() if prepare else None
+        sync(device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
             start = torch.cuda.memory_allocated(device)
-        sync(device)
         began = time.perf_counter()
-        out = fn()
+        out = fn(prepared)
         sync(device)
         seconds.append(time.perf_counter() - began)
         if device.type == "cuda":
@@ -137,15 +140,28 @@ def comfy_path(size: dict, offload: int, repeats: int, device, dtype, dry: bool)
                                   0.6, device, dtype, seed=0)
     block_bytes = dit_12gb.block_weight_bytes(patcher)
 
-    def run(model):
-        return lambda: dit_12gb.step(comfy, model, inputs, device)["output"]
+    def forward(model):
+        """One DiT forward as the sampler calls it; the options come from `prepare` (ComfyUI's load, with the
+        swap's ON_LOAD offload, outside the clock); the swap's per-forward work is inside it."""
+        def fn(options):
+            import torch
+
+            with torch.inference_mode():
+                out = model.model.diffusion_model(inputs["x"], inputs["timestep"], inputs["context"],
+                                                  transformer_options=options,
+                                                  minimax_payload={"audio_scale": 1.0, "seed": 0})
+            return [t.detach() for t in out]
+        return fn
+
+    def load(model):
+        return lambda: dit_12gb.sampler_options(comfy, model)
 
     result = {"config": config, "geometry": inputs["geometry"], "block_bytes": block_bytes}
-    t_res, ref, mem = timed(run(patcher), device, repeats)
+    t_res, ref, mem = timed(forward(patcher), device, repeats, load(patcher))
     result["resident"] = {"seconds": t_res, "comfy_loaded_size_bytes": int(patcher.loaded_size()), **mem}
     for name, stream in (("stream", True), ("sync", False)):
         model, handle = comfy_blockswap.install(patcher, offload, use_stream=stream)
-        t, out, mem = timed(run(model), device, repeats)
+        t, out, mem = timed(forward(model), device, repeats, load(model))
         result[name] = {"seconds": t, "equal_to_resident": equal(ref, out), "report": handle.last_report,
                         "comfy_loaded_size_bytes": int(model.loaded_size()), **mem}
         handle.on_detach(model, False)  # as ComfyUI's detach: the next load places the blocks again
@@ -211,7 +227,7 @@ def diffusers_path(size: dict, offload: int, repeats: int, device, dtype) -> dic
     inputs = diffusers_inputs(model, size, device, dtype)
     block_bytes = sum(p.numel() * p.element_size() for p in model.transformer_blocks[0].parameters())
 
-    def run():
+    def run(_prepared=None):
         with torch.no_grad():
             out = model(**inputs)
         return out.sample, out.audio_sample
