@@ -6,7 +6,7 @@
 For each path (ComfyUI's own `MiniMaxH3Model` through `h3director.integrations.comfy_blockswap.install`, the
 node's call; diffusers' `MiniMaxH3Transformer3DModel` through
 `h3director.integrations.diffusers_offload.apply_block_offload`), at a modest size (default: 12 blocks, hidden
-3072, 24 x 128 heads, FFN 8192, bf16; 768x768 x 124 frames, about 21,800 packed rows), one DiT forward is timed
+3072, 24 x 128 heads, FFN 8192, bf16; 768x768 x 124 frames: 21,312 video + 414 audio + 256 text = 21,982 packed rows), one DiT forward is timed
 (median of --repeats after one warm-up, `torch.cuda.synchronize` around it; for ComfyUI the sampler's model load
 before each forward, with the swap's offload after it, runs outside the clock) in three settings:
 
