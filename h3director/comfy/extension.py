@@ -7,6 +7,7 @@ import logging
 from comfy_api.latest import ComfyExtension, io
 
 from h3director.comfy.nodes_avsync import AVSyncMeasure
+from h3director.comfy.nodes_blockswap import BlockSwapNode
 from h3director.comfy.nodes_decode import DecodeAVStreaming
 from h3director.comfy.nodes_dit import DiTMemoryNode
 from h3director.comfy.nodes_frames import FrameOffset
@@ -24,7 +25,7 @@ from h3director.comfy.nodes_upscale import UpscaleStreaming
 NODES: list[type[io.ComfyNode]] = [
     DecodeAVStreaming, MonitorStart, MonitorStop, MemoryGuardNode, SharedWrite, SharedRead, FrameOffset, PlanNode,
     DiTMemoryNode, GGUFDiTLoader, CachedTextEncode, Stitch,
-    AVSyncMeasure, KeyframeSelect, KeyframeMerge, DevicePlacement, UpscaleStreaming,
+    AVSyncMeasure, KeyframeSelect, KeyframeMerge, DevicePlacement, UpscaleStreaming, BlockSwapNode,
 ]
 
 

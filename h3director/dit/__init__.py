@@ -10,6 +10,9 @@ what a long render runs out of. This package holds the framework-neutral parts o
   (`h3director.integrations.comfy_dit`, `h3director.integrations.diffusers_dit`);
 - `kernels`: the per-device A/B checks that make "exact where verified" a verified fact (`verify-kernels`);
 - `capacity`: the check before each forward: will the chosen tier fit what the device can give?
+- `block_swap`: weights rather than activations: N blocks kept in host RAM and copied in for their turn
+  (exact by construction: only placement changes), driven by `integrations.comfy_blockswap` (the
+  H3Director Block Swap node) and `integrations.diffusers_offload` (`apply_block_offload`).
 
 Exactness classes (see shared design.md): *exact by construction* changes only lifetimes; *exact where
 verified* regroups the same arithmetic (row chunks of a GEMM, head groups of attention) and is

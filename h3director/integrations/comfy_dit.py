@@ -502,13 +502,14 @@ class _ForwardWrapper:
         return out
 
 
-def _diffusion_model(model_patcher):
+def h3_diffusion_model(model_patcher, node: str = "H3Director DiT Memory"):
+    """ComfyUI's `MiniMaxH3Model` inside `model_patcher`; `InvalidInputError` (naming `node`) for another model."""
     base = getattr(model_patcher, "model", None)
     model = getattr(base, "diffusion_model", None)
     if model is None or type(model).__name__ != H3_MODEL_CLASS or type(model).__module__ != H3_MODEL_MODULE:
         cls = type(model if model is not None else (base if base is not None else model_patcher))
         what = f"{cls.__module__}.{cls.__qualname__}"
-        raise InvalidInputError(f"H3Director DiT Memory works on ComfyUI's MiniMax H3 DiT ({H3_MODEL_MODULE}."
+        raise InvalidInputError(f"{node} works on ComfyUI's MiniMax H3 DiT ({H3_MODEL_MODULE}."
                                 f"{H3_MODEL_CLASS}); the connected MODEL is {what}")
     return model
 
@@ -543,7 +544,7 @@ def install(model_patcher, head_chunks: int = 1, ffn_chunks: int = 1, query_chun
         raise InvalidInputError(f"mode must be one of {list(MODES)}, got {mode!r}")
     if budget_bytes is not None and budget_bytes <= 0:
         raise InvalidInputError(f"budget must be > 0 bytes (or None for the device), got {budget_bytes}")
-    model = _diffusion_model(model_patcher)
+    model = h3_diffusion_model(model_patcher)
     floor = DiTMemoryPlan(head_chunks=head_chunks, ffn_chunks=ffn_chunks, query_chunks=query_chunks)
     heads = model.blocks[0].attn.heads
     floor.check_fits(heads)

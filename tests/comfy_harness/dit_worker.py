@@ -71,11 +71,12 @@ def import_comfy(root: str):
     return h3
 
 
-def tiny_state_dict(h3, seed: int = 0):
+def tiny_state_dict(h3, seed: int = 0, **overrides):
+    """Random weights in ComfyUI's key layout for `CONFIG` (with `overrides`, e.g. num_layers=4)."""
     import comfy.ops
     import torch
 
-    model = h3.MiniMaxH3Model(**CONFIG, dtype=torch.float32, operations=comfy.ops.disable_weight_init)
+    model = h3.MiniMaxH3Model(**{**CONFIG, **overrides}, dtype=torch.float32, operations=comfy.ops.disable_weight_init)
     generator = torch.Generator().manual_seed(seed)
     sd = {k: 0.2 * torch.randn(v.shape, generator=generator) for k, v in model.state_dict().items()}
     sd["rope.inv_freq"] = 1.0 / (10000 ** (torch.arange(CONFIG["rope_inv_freq_len"], dtype=torch.float32) / 2))

@@ -1,0 +1,54 @@
+"""H3Director Block Swap in ComfyUI's real H3 model code: output bit-identical to every block resident (fp32, bf16),
+resident blocks counted per block call, bytes per block against the planner, composed with DiT Memory (either
+order), LoRA (patched weights move), the GGUF loader, the stock MODEL running after the clone, bad counts refused.
+
+The checks run in a fresh Python (`tests/comfy_harness/blockswap_worker.py`) because the pack's other tests put
+stand-in `comfy` modules on sys.path; the Python is `COMFYUI_PYTHON` when it has `gguf`, else this one (as
+tests/test_gguf_comfy.py). Without a ComfyUI checkout the tests skip with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+WORKER = REPO / "tests" / "comfy_harness" / "blockswap_worker.py"
+CHECKS = ([f"exact/{dtype}/offload{n}" for dtype in ("float32", "bfloat16") for n in (0, 1, 2, 5)]
+          + ["compose/dit-memory-either-order", "lora/patched-weights-are-what-moves",
+             "bytes/per-block-vs-planner-within-10pct", "detach/stock-model-runs-after-the-clone",
+             "compose/gguf-quantised-bytes-move", "refuse/bad-counts-before-loading", "node/installs-and-reports"])
+
+from comfy_harness.vendored import h3_comfyui_root as comfyui_root  # noqa: E402
+from comfy_harness.vendored import why_no_h3_comfyui as skip_reason  # noqa: E402
+from comfy_harness.worker_checks import run_worker  # noqa: E402
+
+ROOT = comfyui_root()
+pytestmark = [pytest.mark.comfyui, pytest.mark.skipif(ROOT is None, reason=skip_reason() if ROOT is None else "")]
+
+
+def worker_python() -> str:
+    python = os.environ.get("COMFYUI_PYTHON")
+    if python and subprocess.run([python, "-c", "import gguf"], capture_output=True).returncode == 0:
+        return python
+    return sys.executable
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("blockswap")
+    return run_worker(WORKER, [ROOT, str(tmp)], "H3SWAP-RESULTS", python=worker_python(), timeout=600)
+
+
+def test_worker_ran_every_check(results):
+    assert sorted(results) == sorted(CHECKS)
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_check(results, name):
+    entry = results[name]
+    assert entry["ok"], entry["detail"]
