@@ -2,7 +2,7 @@
 
 Search order (first fit wins; exact savings before ones that cost speed, speed before quality):
 
-1. text encoder: on the accelerator in bf16, fp8, GGUF Q4_K_M; else on the CPU (host RAM);
+1. text encoder: on the accelerator in bf16, fp8; else on the CPU (host RAM) in bf16, fp8;
 2. DiT: weights format from best to most compressed (bf16, fp8, int8, q8_0, q5_k, q4_k_m, nf4; or the
    one the user fixed); for each, the least attention head / FFN chunking that fits with the DiT resident
    (exact, about as fast); else block offload of 0..50 blocks (exact, slower: each step streams the
@@ -33,7 +33,8 @@ from h3director.plan.estimate import Phase, PlanEstimate, PlanRequest, estimate
 from h3director.units import MiB, format_size
 
 DIT_FORMATS = ("bf16", "fp8", "int8", "q8_0", "q5_k", "q4_k_m", "nf4")
-TEXT_ENCODER_CHOICES = (("gpu", "bf16"), ("gpu", "fp8"), ("gpu", "q4_k_m"), ("cpu", "bf16"), ("cpu", "q4_k_m"))
+# No GGUF text encoder: nothing loads a GGUF Qwen3-VL (ComfyUI's CLIPLoader reads bf16 / fp8 files).
+TEXT_ENCODER_CHOICES = (("gpu", "bf16"), ("gpu", "fp8"), ("cpu", "bf16"), ("cpu", "fp8"))
 # (head chunks, FFN chunks), cheapest to run first: stock, then the DiT memory tiers in the order
 # `h3director.dit.tiers.escalation_ladder` walks them (FFN row chunks, then head groups with them).
 CHUNKINGS = ((1, 1), (1, 2), (2, 8), (4, 8), (8, 16), (14, 28), (28, 56), (56, 112))
@@ -235,7 +236,7 @@ def _choose_text_encoder(request: PlanRequest, budget: Budget, rejected: list[st
                                     f"{format_size(first.device_bytes)}")
             return candidate
     raise BudgetError("the text encoder fits neither the accelerator nor host RAM in any format "
-                      f"(smallest: Q4_K_M on CPU); host usable {format_size(budget.host_usable)}")
+                      f"(smallest: fp8 on CPU); host usable {format_size(budget.host_usable)}")
 
 
 def _chunkings(shape: DiTShape) -> tuple[tuple[int, int], ...]:
