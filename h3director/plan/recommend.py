@@ -2,7 +2,7 @@
 
 Search order (first fit wins; exact savings before ones that cost speed, speed before quality):
 
-1. text encoder: on the accelerator in bf16, fp8; else on the CPU (host RAM) in bf16, fp8;
+1. text encoder: on the accelerator in bf16, fp8, GGUF Q4_K_M; else on the CPU (host RAM);
 2. DiT: weights format from best to most compressed (bf16, fp8, int8, q8_0, q5_k, q4_k_m, nf4; or the
    one the user fixed); for each, the least attention head / FFN chunking that fits with the DiT resident
    (exact, about as fast); else block offload of 0..50 blocks (exact, slower: each step streams the
@@ -33,7 +33,7 @@ from h3director.plan.estimate import Phase, PlanEstimate, PlanRequest, estimate
 from h3director.units import MiB, format_size
 
 DIT_FORMATS = ("bf16", "fp8", "int8", "q8_0", "q5_k", "q4_k_m", "nf4")
-# No GGUF text encoder: nothing loads a GGUF Qwen3-VL (ComfyUI's CLIPLoader reads bf16 / fp8 files).
+# (device, format), best first: no GGUF text encoder (no loader reads a GGUF Qwen3-VL).
 TEXT_ENCODER_CHOICES = (("gpu", "bf16"), ("gpu", "fp8"), ("cpu", "bf16"), ("cpu", "fp8"))
 # (head chunks, FFN chunks), cheapest to run first: stock, then the DiT memory tiers in the order
 # `h3director.dit.tiers.escalation_ladder` walks them (FFN row chunks, then head groups with them).
@@ -236,7 +236,7 @@ def _choose_text_encoder(request: PlanRequest, budget: Budget, rejected: list[st
                                     f"{format_size(first.device_bytes)}")
             return candidate
     raise BudgetError("the text encoder fits neither the accelerator nor host RAM in any format "
-                      f"(smallest: fp8 on CPU); host usable {format_size(budget.host_usable)}")
+                      f"(smallest: Q4_K_M on CPU); host usable {format_size(budget.host_usable)}")
 
 
 def _chunkings(shape: DiTShape) -> tuple[tuple[int, int], ...]:
