@@ -160,7 +160,8 @@ def test_wrong_latent_is_a_node_error(comfy):
 
 @pytest.mark.parametrize("name", ["h3_t2v_streaming_api.json", "h3_i2v_streaming_api.json",
                                   "h3_decode_latent_streaming_api.json", "h3_long_chain_api.json",
-                                  "h3_keyframe_detail_api.json"])
+                                  "h3_keyframe_detail_api.json", "h3_t2v_planned_40gb_api.json",
+                                  "h3_staged_api.stage1.json", "h3_staged_api.stage2.json"])
 def test_example_workflows_match_the_real_node_definitions(comfy, name):
     info = json.loads(_get(f"{comfy['url']}/object_info")[1])
     workflow = json.loads((REPO / "examples" / name).read_text())

@@ -137,8 +137,10 @@ def write_outputs(args: argparse.Namespace, advice) -> list[str]:
     from h3director.plan.workflow_comfy import comfy_workflow
 
     _single_pass(advice)
-    workflow = comfy_workflow(advice.request, _files(args), _run_spec(args))
-    return [f"Wrote {_write_json(args.workflow, workflow.graph)}", *_config_lines(workflow)]
+    files = _files(args)
+    workflow = comfy_workflow(advice.request, files, _run_spec(args))
+    return [f"Wrote {_write_json(args.workflow, workflow.graph)}", *_config_lines(workflow),
+            *(f"  note: {n}" for n in workflow.file_notes(advice.request, files))]
 
 
 def stage_paths(path: str) -> tuple[str, str]:
@@ -172,6 +174,7 @@ def run_staged(args: argparse.Namespace, request, budget, source: str, fmts) -> 
                    f"Wrote {_write_json(second, two.graph)} (stage two: copy the draft .latent into ComfyUI's "
                    "input folder, then queue it)"]
         written += _config_lines(one) + _config_lines(two)
+        written += [f"  note: {n}" for n in two.file_notes(staged.final.request, _files(args))]
     if args.json:
         out = staged.to_dict()
         out["budget"] = {"source": source, "device": budget.device, "device_bytes": budget.device_bytes,

@@ -124,6 +124,18 @@ class Workflow:
     settings: tuple = ()
     config: dict[str, Any] = field(default_factory=dict)
 
+    def file_notes(self, request, files: ModelFiles) -> list[str]:
+        """What the named files must hold for the plan to be true (a loader reads a file as it is)."""
+        notes = []
+        if request.weights in GGUF_TYPES:
+            notes.append(f"--dit {files.dit} must hold {GGUF_TYPES[request.weights]} (h3director weights convert "
+                         f"--type {GGUF_TYPES[request.weights]})")
+        if request.text_encoder_weights != "bf16":
+            notes.append(f"the plan prices the text encoder in {request.text_encoder_weights}: --text-encoder "
+                         f"{files.text_encoder} must be an {request.text_encoder_weights} file (CLIPLoader reads it "
+                         "as stored)")
+        return notes
+
 
 class _Graph:
     """Node ids "1", "2", ... in the order nodes are added."""
