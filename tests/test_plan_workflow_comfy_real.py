@@ -207,6 +207,25 @@ def test_staged_workflows_render_draft_then_full_video(comfy):
     assert "2 head groups, 8 FFN row chunks" in comfy["log"].read_text()
 
 
+def test_h3_dit_takes_a_latent_without_audio_rows():
+    """ComfyUI's H3 DiT with 0 audio latent frames: a finite video velocity of the latent's shape and an empty
+    audio one; the video velocity differs from the joint forward's (video rows attend to audio rows)."""
+    import os
+    import subprocess
+
+    from comfy_harness.server import comfyui_python
+
+    done = subprocess.run([comfyui_python(), str(HARNESS / "video_only_rows.py"), os.environ["COMFYUI_DIR"]],
+                          cwd=HARNESS, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=str(HARNESS.parents[1])))
+    line = next((x for x in done.stdout.splitlines() if x.startswith("VIDEO-ONLY ")), None)
+    assert line, done.stdout[-2000:] + done.stderr[-4000:]
+    result = json.loads(line.split(" ", 1)[1])
+    assert result["0"] == {"video": [1, 24, 7, 6, 4], "audio": [1, 32, 2, 0], "finite": True}
+    assert result["9"] == {"video": [1, 24, 7, 6, 4], "audio": [1, 32, 2, 9], "finite": True}
+    assert result["video_max_difference"] > 0
+
+
 def test_draft_larger_than_the_final_is_a_node_error(comfy):
     graph = {
         "1": {"class_type": "H3TestImageToVideo", "inputs": {"prompt": "", "width": 128, "height": 64, "length": 22}},
