@@ -200,8 +200,22 @@ def test_staged_plan_prices_both_stages():
     assert data["draft"]["packed_tokens"] == d.estimate.geometry.packed_tokens
     text = staged.summary()
     assert "Stage one" in text and "Stage two" in text and "does not lower the final video's peak" in text
+    assert "stretches the draft" in text                          # 512x512 onto 1344x768
+    same_aspect = plan_staged(request, Budget(80 * GiB, 64 * GiB), formats=["bf16"])
+    assert (same_aspect.draft.request.width, same_aspect.draft.request.height) == (672, 384)
+    assert "stretches" not in same_aspect.summary()
     with pytest.raises(InvalidInputError, match="draft 1344x800 is larger than the final video 1344x768"):
         plan_staged(request, Budget(80 * GiB, 64 * GiB), draft_size=(1344, 800))
+
+
+def test_staged_json(capsys, tmp_path):
+    code, out, err, files = _cli(capsys, tmp_path, "--frames", "124", "--vram", "24GB", "--staged", "--json")
+    assert code == 0 and files == [], err
+    data = json.loads(out)
+    assert data["draft"]["request"]["audio_rows"] is False and data["final"]["request"]["audio_rows"] is True
+    assert data["draft"]["packed_tokens"] < data["final"]["packed_tokens"]
+    assert data["draft"]["smallest_device_bytes"] < data["final"]["smallest_device_bytes"]
+    assert data["budget"]["device_bytes"] == 24 * GiB and data["written"] == []
 
 
 def test_staged_workflows_save_and_load_the_draft(capsys, tmp_path):

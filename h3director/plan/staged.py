@@ -128,6 +128,9 @@ class StagedPlan:
             "Staging does not lower the final video's peak: stage two samples the same packed sequence as a single "
             "pass. It makes drafts cheap to iterate and runs stage two's steps at the given denoise only.",
         ]
+        if abs(math.log((d.request.width / d.request.height) / (f.request.width / f.request.height))) > 0.05:
+            lines.append(f"note: the draft's aspect ratio ({d.request.width}x{d.request.height}) is not the final's "
+                         f"({f.request.width}x{f.request.height}): stage two stretches the draft onto the final canvas")
         return "\n".join(lines)
 
 
