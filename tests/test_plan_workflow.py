@@ -111,7 +111,8 @@ def test_image_to_video_and_no_audio():
     sampler = _one(graph, "KSampler")["inputs"]
     assert (sampler["seed"], sampler["steps"], sampler["denoise"]) == (7, 12, 1.0)
     assert len(_nodes(graph, "VAELoader")) == 1
-    assert "audio_vae" not in _one(graph, "H3DirectorDecodeAVStreaming")["inputs"]
+    decode = _one(graph, "H3DirectorDecodeAVStreaming")["inputs"]
+    assert "audio_vae" not in decode and graph[decode["samples"][0]]["class_type"] == "H3DirectorVideoStream"
     with pytest.raises(InvalidInputError, match="keyframe"):
         comfy_workflow(dataclasses.replace(request, keyframes=0), FILES, RunSpec(image="fox.png"))
 

@@ -179,6 +179,14 @@ def test_a_written_t2v_workflow_renders_the_requested_frames(comfy, tmp_path):
     assert _mp4(comfy, outputs, graph) == (39, 1)
 
 
+def test_a_written_no_audio_workflow_renders_video_only(comfy, tmp_path):
+    (path,) = _write(tmp_path, "--width", "64", "--height", "64", "--frames", "22", "--vram", "80GB", "--no-audio",
+                     "--steps", "1", *NAMES[:6])
+    graph = json.loads(path.read_text())
+    outputs = _run(comfy, _without_text_encoder(graph))
+    assert _mp4(comfy, outputs, graph) == (22, 0)
+
+
 def test_staged_workflows_render_draft_then_full_video(comfy):
     """Stage one samples a video-only draft and saves its latent; stage two loads it (copied into the input
     folder, as a user would), refines it at full size with audio (DiT Memory chunking on) and writes the MP4."""
@@ -205,6 +213,33 @@ def test_staged_workflows_render_draft_then_full_video(comfy):
     outputs = _run(comfy, _without_text_encoder(two.graph))
     assert _mp4(comfy, outputs, two.graph) == (39, 1)
     assert "2 head groups, 8 FFN row chunks" in comfy["log"].read_text()
+
+
+def test_plan_node_outputs_wire_into_the_nodes_that_apply_them(comfy):
+    """H3Director Plan's INT and FLOAT outputs drive DiT Memory and the streaming decode in a real prompt."""
+    graph = {
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": DIT, "weight_dtype": "default"}},
+        "2": {"class_type": "VAELoader", "inputs": {"vae_name": VAE}},
+        "8": {"class_type": "VAELoader", "inputs": {"vae_name": AUDIO_VAE}},
+        "3": {"class_type": "H3TestImageToVideo", "inputs": {"prompt": "", "width": 64, "height": 64, "length": 22}},
+        "4": {"class_type": "H3DirectorPlan", "inputs": {"samples": ["3", 1], "budget_gb": 48.0}},
+        "5": {"class_type": "H3DirectorDiTMemory", "inputs": {"model": ["1", 0], "mode": "fixed",
+                                                              "head_chunks": ["4", 1], "ffn_chunks": ["4", 2],
+                                                              "budget_gb": 0.0}},
+        "6": {"class_type": "KSampler", "inputs": {"model": ["5", 0], "seed": 1, "steps": 1, "cfg": 1.0,
+                                                   "sampler_name": "euler", "scheduler": "simple",
+                                                   "positive": ["3", 0], "negative": ["3", 0],
+                                                   "latent_image": ["3", 1], "denoise": 1.0}},
+        "7": {"class_type": "H3DirectorDecodeAVStreaming", "inputs": {
+            "samples": ["6", 0], "vae": ["2", 0], "audio_vae": ["8", 0], "output": "video_file",
+            "filename_prefix": "video/plan_wired",
+            "fps": 24.0, "crf": 18, "budget_gb": ["4", 4]}},
+    }
+    assert _validate(comfy, graph)["valid"]
+    outputs = _run(comfy, graph)
+    text = outputs["4"]["text"][0]
+    assert "outputs: head_chunks 1, ffn_chunks 1, blocks_offloaded 0, budget_gb" in text
+    assert _mp4(comfy, outputs, graph) == (22, 1)
 
 
 def test_h3_dit_takes_a_latent_without_audio_rows():

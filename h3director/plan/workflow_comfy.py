@@ -6,7 +6,8 @@ model file names into the node graph of the examples (`examples/h3_t2v_streaming
 
     DiT loader -> [H3DirectorBlockSwap] -> [H3DirectorDiTMemory] -> MiniMaxH3SigmaShift -> KSampler
     CLIPLoader + video VAELoader (+ LoadImage) -> MiniMaxH3ImageToVideo -> positive / latent; ConditioningZeroOut
-    KSampler -> H3DirectorDecodeAVStreaming (video VAE, audio VAE unless the plan has no audio) -> MP4
+    KSampler -> H3DirectorDecodeAVStreaming (video VAE, audio VAE) -> MP4; without audio, KSampler ->
+    H3DirectorVideoStream -> the decode with the video VAE only
 
 The settings come from `capabilities.applied_settings(request, "comfyui")` only: each `AppliedSetting`'s inputs
 are set on the node it names (the DiT loader, CLIPLoader, the decode node), and a model patch node it names is
@@ -249,6 +250,8 @@ def comfy_workflow(request, files: ModelFiles, spec: RunSpec = RunSpec()) -> Wor
     files.check(request)
     g, settings, ids, model, cond = _front(request, files, spec)
     sampled = _sampler(model, cond, [cond, 1], spec, g)
+    if not request.audio:     # no audio output: decode the video stream only (no audio VAE loaded)
+        sampled = g.add("H3DirectorVideoStream", {"samples": [sampled, 0]})
     _decode([sampled, 0], ids, spec, g, audio=request.audio, fps=spec.fps, prefix=spec.filename_prefix)
     config = _apply_node_settings(settings, g)
     return Workflow(graph=g.nodes, settings=settings, config=config)
