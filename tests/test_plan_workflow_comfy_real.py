@@ -110,6 +110,8 @@ GRID = {
                                   "--weights", "fp8", *NAMES],
     "staged-1344x768-124-80GB": ["--width", "1344", "--height", "768", "--frames", "124", "--vram", "80GB",
                                  "--staged", "--draft", "512x512", *NAMES],
+    "staged-i2v-768x768-209-80GB": ["--width", "768", "--height", "768", "--frames", "209", "--vram", "80GB",
+                                    "--staged", "--draft-fps", "8", "--image", "first_frame.png", *NAMES],
     "staged-i2v-1344x768-124-24GB": ["--width", "1344", "--height", "768", "--frames", "124", "--vram", "24GB",
                                      "--staged", "--image", "first_frame.png", *NAMES],
 }
