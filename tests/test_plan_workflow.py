@@ -158,6 +158,7 @@ def test_cli_writes_the_workflow(capsys, tmp_path):
     (["--frames", "124", "--staged", "--draft", "1536x768", "--workflow", "{out}", *NAMES],
      "draft 1536x768 is larger than the final video 1344x768"),
     (["--frames", "124", "--draft", "512x512"], "describe the draft of --staged"),
+    (["--frames", "124", "--no-audio", "--workflow", "{out}", *NAMES], "--audio-vae with --no-audio"),
     (["--frames", "124", "--staged", "--draft-fps", "30"], "--draft-fps must be in"),
     (["--frames", "124", "--workflow", "{dir}/missing/wf.json", *NAMES], "does not exist"),
 ])

@@ -61,6 +61,8 @@ def check_args(args: argparse.Namespace) -> None:
     if not writing and _given(args, FILE_FLAGS):
         raise InvalidInputError(f"{', '.join(_given(args, FILE_FLAGS))} go into a written workflow: "
                                 "give --workflow OUT.json")
+    if args.no_audio and args.audio_vae:
+        raise InvalidInputError("--audio-vae with --no-audio: a plan without audio loads no audio VAE")
     if not args.staged and _given(args, STAGED_FLAGS):
         raise InvalidInputError(f"{', '.join(_given(args, STAGED_FLAGS))} describe the draft of --staged")
     if args.devices is not None and (writing or args.staged):
