@@ -163,9 +163,23 @@ def test_plan_node_shows_estimate_and_recommendation():
     from h3director.plan import PlanRequest, estimate
 
     latent = {"samples": torch.zeros(1, 24, 37, 48, 84)}  # 124 frames at 1344x768
-    (text,) = PlanNode.execute(latent, 24.0).args
-    assert text.startswith("H3 1344x768, 124 frames on the given budget (budget 24.00 GiB)")
+    text, head_chunks, ffn_chunks, blocks_offloaded, budget_gb = PlanNode.execute(latent, 48.0).args
+    assert text.startswith("H3 1344x768, 124 frames on the given budget (budget 48.00 GiB)")
     assert estimate(PlanRequest(width=1344, height=768, frames=124)).summary_table() in text
     assert len(text.splitlines()) > 3
+    # the outputs are the recommendation's settings (what a written workflow sets on the same nodes)
+    import psutil
+
+    from h3director.plan.recommend import DIT_FORMATS, recommend
+    from h3director.plan.workflow_comfy import loadable_formats
+
+    advice = recommend(PlanRequest(width=1344, height=768, frames=124), 48 * 2**30,
+                       host_bytes=psutil.virtual_memory().total, formats=loadable_formats(DIT_FORMATS))
+    chosen = advice.request
+    assert (head_chunks, ffn_chunks, blocks_offloaded) == (chosen.head_chunks, chosen.ffn_chunks,
+                                                           chosen.offload_blocks)
+    decode = next(p for p in advice.estimate.phases if p.name == "decode")
+    assert decode.device_bytes / 2**30 <= budget_gb < decode.device_bytes / 2**30 + 0.01
+    assert f"outputs: head_chunks {head_chunks}, ffn_chunks {ffn_chunks}" in text
     with pytest.raises(InvalidInputError):
         PlanNode.execute({"samples": torch.zeros(1, 4, 8, 8)}, 0.0)

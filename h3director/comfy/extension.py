@@ -18,6 +18,7 @@ from h3director.comfy.nodes_monitor import MonitorStart, MonitorStop
 from h3director.comfy.nodes_placement import DevicePlacement
 from h3director.comfy.nodes_plan import PlanNode
 from h3director.comfy.nodes_shared import SharedRead, SharedWrite
+from h3director.comfy.nodes_staged import DraftToAV, VideoOnlyLatent, VideoStream
 from h3director.comfy.nodes_stitch import Stitch
 from h3director.comfy.nodes_textcache import CachedTextEncode
 from h3director.comfy.nodes_upscale import UpscaleStreaming
@@ -26,6 +27,7 @@ NODES: list[type[io.ComfyNode]] = [
     DecodeAVStreaming, MonitorStart, MonitorStop, MemoryGuardNode, SharedWrite, SharedRead, FrameOffset, PlanNode,
     DiTMemoryNode, GGUFDiTLoader, CachedTextEncode, Stitch,
     AVSyncMeasure, KeyframeSelect, KeyframeMerge, DevicePlacement, UpscaleStreaming, BlockSwapNode,
+    VideoOnlyLatent, VideoStream, DraftToAV,
 ]
 
 

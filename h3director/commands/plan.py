@@ -5,6 +5,7 @@ Accepted ranges (refused with a specific message otherwise): width and height mu
 A CPU-only budget (`--device auto` without CUDA or MPS, or `--device cpu`) is planned as one memory,
 with the text encoder on the CPU and PyTorch's composite (unfused) RMSNorm.
 `--devices cuda:0=24GB,cuda:1=12GB` places the components across devices instead (plan/placement.py).
+`--workflow` and `--staged` (the plan writes the workflow; staged generation): plan_workflow.py.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from h3director.commands import plan_workflow
 from h3director.units import parse_size
 
 HELP = "Predict H3's memory per phase for a resolution and length, and recommend settings that fit."
@@ -47,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where the settings run: ComfyUI nodes (default) or the diffusers library; only "
                              "settings with a node or call there are recommended, each printed with it")
     parser.add_argument("--json", action="store_true", help="print JSON for machines")
+    plan_workflow.add_arguments(parser)
 
 
 def _request(args: argparse.Namespace):
@@ -54,7 +57,7 @@ def _request(args: argparse.Namespace):
 
     return PlanRequest(
         width=args.width, height=args.height, frames=args.frames, weights=args.weights or "bf16",
-        refs=args.refs, keyframes=args.keyframes,
+        refs=args.refs, keyframes=args.keyframes + (1 if args.image else 0),
         text_tokens=DEFAULT_TEXT_TOKENS if args.text_tokens is None else args.text_tokens,
         audio=not args.no_audio, attention=args.attention,
         dit_config=None if args.dit_layers is None else {"num_layers": args.dit_layers},
@@ -90,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
     request = _request(args)
     request.validate()
+    plan_workflow.check_args(args)
     if args.devices is not None:
         return _run_devices(args, request)
     if args.placement_policy is not None:
@@ -99,15 +103,19 @@ def run(args: argparse.Namespace) -> int:
     budget, source = _budget(args)
     if budget.device == "cpu":       # no accelerator: the text encoder runs on the CPU, RMSNorm unfused
         request = dataclasses.replace(request, text_encoder_device="cpu", fused_norms=False)
-    formats = [args.weights] if args.weights else None
+    formats = plan_workflow.formats(args)
+    if args.staged:
+        return plan_workflow.run_staged(args, request, budget, source, formats)
     as_asked = estimate(request)
     advice = recommend(request, budget, formats=formats, target=args.target)
+    written = plan_workflow.write_outputs(args, advice)
     if args.json:
         out = as_asked.to_dict()
         out["budget"] = {"source": source, "device": budget.device, "device_bytes": budget.device_bytes,
                          "host_bytes": budget.host_bytes, "margin": budget.margin}
         out["recommendation"] = advice.to_dict()
         out["recommendation"]["phases"] = advice.estimate.to_dict()["phases"]
+        out["written"] = written
         print(json.dumps(out, indent=2))
         return 0
     geo = as_asked.geometry
@@ -125,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nPool (h3_config.yaml pre_allocated_pool_mb): {advice.pool_mb} MB; {advice.pool_note}")
     for note in as_asked.notes:
         print(f"note: {note}")
+    for line in written:
+        print(line)
     return 0
 
 

@@ -57,7 +57,9 @@ class PlanRequest:
     sampling) or "cpu"; `decode_tiles_per_call`: None = the reference tiled path, n = streamed tiling;
     `keep_dit_during_decode`: the DiT stays on the accelerator while decoding (what runs out of memory
     in ComfyUI issue #15453). `fused_norms`: RMSNorm runs as one fused kernel (CUDA); False prices
-    PyTorch's composite CPU kernel. `frames` must be on the 17n+5 grid.
+    PyTorch's composite CPU kernel. `frames` must be on the 17n+5 grid. `audio_rows`: H3 samples its audio
+    rows (True, the default); False prices a video-only draft (`H3DirectorVideoOnlyLatent`: no audio rows in
+    the packed sequence, so `audio` must be False too).
     """
 
     width: int
@@ -69,7 +71,8 @@ class PlanRequest:
     refs: int = 0
     keyframes: int = 0
     text_tokens: int = DEFAULT_TEXT_TOKENS
-    audio: bool = True                  # decode audio (the audio VAE is loaded); audio rows are always sampled
+    audio: bool = True                  # decode audio (the audio VAE is loaded)
+    audio_rows: bool = True             # the packed sequence carries audio rows (False: a video-only draft)
     attention: str = "flash"
     head_chunks: int = 1
     ffn_chunks: int = 1
@@ -112,6 +115,8 @@ class PlanRequest:
             raise InvalidInputError(f"offload_blocks must be <= the DiT's {blocks} blocks, got {self.offload_blocks}")
         if self.sink not in SINKS:
             raise InvalidInputError(f"sink must be one of {SINKS}, got {self.sink!r}")
+        if self.audio and not self.audio_rows:
+            raise InvalidInputError("a video-only request (audio_rows=False) has no audio to decode: set audio=False")
         if self.text_encoder_device not in ("gpu", "cpu"):
             raise InvalidInputError(f"text_encoder_device must be 'gpu' or 'cpu', got {self.text_encoder_device!r}")
         weight_format(self.weights)
@@ -276,9 +281,10 @@ def estimate(request: PlanRequest) -> PlanEstimate:
     """Per-phase bytes for `request` (validated first; see the module docstring)."""
     request.validate()
     # H3 samples its audio rows whether or not the audio is decoded (ComfyUI's empty AV latent always
-    # carries them), so `request.audio` only decides the audio VAE and its output.
+    # carries them), so `request.audio` only decides the audio VAE and its output; only a video-only draft
+    # (`audio_rows` False) drops them.
     geo = packed_geometry(request.width, request.height, request.frames, text_tokens=request.text_tokens,
-                          refs=request.refs, keyframes=request.keyframes)
+                          refs=request.refs, keyframes=request.keyframes, audio=request.audio_rows)
     dit_key = model_config_key(request.dit_config)
     dit_bytes = _weight_bytes("dit", dit_key, request.weights, DIT_HIGH_PRECISION_BYTES)
     block_bytes = _weight_bytes("dit", dit_key, request.weights, block=True)
