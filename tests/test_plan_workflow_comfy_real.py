@@ -13,9 +13,6 @@ Runs when `COMFYUI_DIR` names a ComfyUI checkout with H3 support (tests/conftest
   (stage two with DiT Memory chunking), each ending in an MP4 with the request's frame count. H3's Qwen3-VL text
   encoder is too large for a test: the render swaps CLIPLoader + MiniMaxH3ImageToVideo for `H3TestImageToVideo`
   (random text states, ComfyUI's own empty AV latent); every other node runs as written.
-
-Guard to remove after the merge: `H3DirectorBlockSwap` is built on another branch; grid points whose plan offloads
-DiT blocks are skipped while the server does not list that node (`NODES_FROM_OTHER_BRANCHES`).
 """
 
 from __future__ import annotations
@@ -45,7 +42,6 @@ from h3director.plan.workflow_comfy import ModelFiles, RunSpec, draft_latent_nam
 
 pytestmark = real_comfyui_marks()
 
-NODES_FROM_OTHER_BRANCHES = {"H3DirectorBlockSwap"}
 DIT, GGUF, TE = "h3_tiny_dit.safetensors", "h3_grid_q4_k_m.gguf", "h3_grid_te.safetensors"
 VAE, AUDIO_VAE = "h3_tiny_video.safetensors", "h3_tiny_audio.safetensors"
 NAMES = ["--dit", DIT, "--text-encoder", TE, "--vae", VAE, "--audio-vae", AUDIO_VAE]
@@ -78,12 +74,6 @@ def comfy(tmp_path_factory):
 
 def _validate(comfy, graph: dict) -> dict:
     return post_json(f"{comfy['url']}/h3test/validate", {"prompt": graph})
-
-
-def _guard_nodes_from_other_branches(comfy, graph: dict) -> None:
-    missing = {n["class_type"] for n in graph.values()} & NODES_FROM_OTHER_BRANCHES - comfy["nodes"]
-    if missing:
-        pytest.skip(f"{', '.join(sorted(missing))} is built on another branch (guard removed after the merge)")
 
 
 def _write(tmp_path, *argv) -> list[Path]:
@@ -123,7 +113,6 @@ def test_written_workflows_pass_comfyui_validation(comfy, tmp_path, case):
     assert len(paths) == (2 if "staged" in case else 1)
     for path in paths:
         graph = json.loads(path.read_text())
-        _guard_nodes_from_other_branches(comfy, graph)
         result = _validate(comfy, graph)
         assert result["valid"], json.dumps(result)[:3000]
         assert result["node_errors"] == {}
