@@ -1,0 +1,173 @@
+"""Render the figures of README.md and docs/*.md from the benches' results files (bench/results/*.json).
+
+A rendered block in a document is everything between two markers:
+
+    <!-- rendered: NAME -->
+    ...
+    <!-- /rendered -->
+
+NAME is one of `RENDERERS`: it reads its results file and returns the block's text. Nobody edits a block by hand.
+
+    python scripts/render_docs.py           rewrite every block from its results file
+    python scripts/render_docs.py --check   change nothing; exit 1 naming every block that differs from its
+                                            results file, every results file that is missing, and every one
+                                            older than the code it describes (a commit after the one that
+                                            produced it changed one of the renderer's sources)
+
+Run from anywhere; paths are the repository's. The staleness check needs the git history (in a shallow clone
+it is skipped and says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+DOCUMENTS = ("README.md", "docs/*.md")
+BLOCK = re.compile(r"(<!-- rendered: ([a-z0-9_]+) -->\n)(.*?)(<!-- /rendered -->)", re.S)
+
+
+@dataclass(frozen=True)
+class Renderer:
+    """`results`: the file under bench/results/; `sources`: the paths (files or folders) whose code produced it;
+    `render`: the results' JSON -> the block's text (without the markers, ending with a newline)."""
+
+    results: str
+    sources: tuple[str, ...]
+    render: Callable[[dict], str]
+
+
+def _bench_module(name: str):
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.pop(0)
+
+
+def _provenance(data: dict) -> str:
+    code = data.get("code") or {}
+    commit = (code.get("commit") or "unknown")[:10]
+    machine = data.get("machine") or {}
+    return (f"Results: `bench/results/{data['bench']}.json` (commit {commit}"
+            f"{', uncommitted changes' if code.get('dirty') else ''}; {data.get('date', 'no date')}; "
+            f"{machine.get('cpus', '?')} CPUs, {machine.get('platform', 'unknown platform')}).\n")
+
+
+def _planner_external(data: dict) -> str:
+    module = _bench_module("planner_external")
+    return module.markdown(data["rows"], data["counts"]) + "\n\n" + _provenance(data)
+
+
+def _avsync_accuracy(data: dict) -> str:
+    summary = data["summary"]
+    lines = ["| set | cases | median abs(error) ms | max abs(error) ms | mean error ms | median confidence |",
+             "|---|---|---|---|---|---|"]
+    for name in ("beep-flash", "speech", "aac", "pcm", "all"):
+        row = summary[name]
+        lines.append(f"| {name} | {row['cases']} | {row['median_abs_ms']:.2f} | {row['max_abs_ms']:.2f} | "
+                     f"{row['mean_ms']:+.2f} | {row['median_confidence']:.2f} |")
+    none, targets = summary["no_events"], summary["targets"]
+    lines += ["", f"No-event clips: {none['unusable']}/{none['cases']} answered \"no usable events\". Targets (median "
+              f"<= {targets['median_abs_ms_max']:g} ms, max <= one frame = {targets['max_abs_ms_max']:g} ms): "
+              f"{'met' if targets['met'] else 'NOT met'}.", "", _provenance(data).rstrip()]
+    return "\n".join(lines) + "\n"
+
+
+RENDERERS: dict[str, Renderer] = {
+    "planner_external": Renderer("planner_external.json", ("h3director/plan", "bench/planner_external.py"),
+                                 _planner_external),
+    "avsync_accuracy": Renderer("avsync_accuracy.json", ("h3director/av", "bench/avsync_accuracy.py"),
+                                _avsync_accuracy),
+}
+
+
+def documents() -> list[Path]:
+    """The documents that may hold rendered blocks."""
+    found = []
+    for pattern in DOCUMENTS:
+        found += sorted(REPO.glob(pattern))
+    return found
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=60)
+
+
+def staleness(name: str, data: dict) -> str | None:
+    """Why the results of renderer `name` are older than the code they describe, or None when they are not (or
+    when the history needed to tell is missing: a shallow clone)."""
+    renderer = RENDERERS[name]
+    code = data.get("code") or {}
+    if code.get("dirty"):
+        return f"{renderer.results} was produced with uncommitted changes: rerun it on committed code"
+    commit = code.get("commit")
+    if _git("rev-parse", "--is-shallow-repository").stdout.strip() == "true":
+        return None
+    if not commit:
+        return f"{renderer.results} names no commit"
+    last = _git("log", "-1", "--format=%H", "--", *renderer.sources).stdout.strip()
+    if not last:                                   # the sources have no commit yet: nothing to compare
+        return None
+    if _git("merge-base", "--is-ancestor", last, commit).returncode != 0:
+        return (f"{renderer.results} comes from commit {commit[:10]}, but {last[:10]} changed "
+                f"{', '.join(renderer.sources)} after it: rerun the bench")
+    return None
+
+
+def render_all(check: bool) -> list[str]:
+    """Render (or, with `check`, compare) every block; returns the problems found, one line each."""
+    problems: list[str] = []
+    loaded: dict[str, dict | None] = {}
+    for path in documents():
+        text = path.read_text()
+
+        def replace(match: re.Match, path: Path = path) -> str:
+            name = match.group(2)
+            where = f"{path.relative_to(REPO)}: block {name!r}"
+            if name not in RENDERERS:
+                problems.append(f"{where}: no renderer of that name (known: {', '.join(RENDERERS)})")
+                return match.group(0)
+            if name not in loaded:
+                results = RESULTS / RENDERERS[name].results
+                loaded[name] = json.loads(results.read_text()) if results.is_file() else None
+                if loaded[name] is None:
+                    problems.append(f"{where}: bench/results/{RENDERERS[name].results} is missing")
+                elif (stale := staleness(name, loaded[name])) is not None:
+                    problems.append(f"{where}: {stale}")
+            if loaded[name] is None:
+                return match.group(0)
+            body = RENDERERS[name].render(loaded[name])
+            if check and body != match.group(3):
+                problems.append(f"{where}: differs from bench/results/{RENDERERS[name].results} "
+                                "(run scripts/render_docs.py)")
+            return match.group(1) + body + match.group(4)
+
+        rendered = BLOCK.sub(replace, text)
+        if not check and rendered != text:
+            path.write_text(rendered)
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 on any difference")
+    args = parser.parse_args(argv)
+    problems = render_all(args.check)
+    for line in problems:
+        print(line)
+    if not problems:
+        print("every rendered block matches its results file" if args.check else "rendered")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

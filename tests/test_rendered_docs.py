@@ -1,0 +1,61 @@
+"""Numbers in the docs come from results files: every rendered block matches its results file and is not older
+than the code it describes (scripts/render_docs.py --check), the planner's external check is recomputed here
+against its results file, and every row of it beyond 10% carries a reason."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "scripts"))
+
+
+def test_every_rendered_block_matches_its_fresh_results_file():
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "render_docs.py"), "--check"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_planner_external_check_recomputed_equals_its_results_file():
+    import planner_external
+
+    records, counts = planner_external.table(planner_external.rows())
+    saved = json.loads((REPO / "bench" / "results" / "planner_external.json").read_text())
+    assert [r["what"] for r in records] == [r["what"] for r in saved["rows"]]
+    for now, then in zip(records, saved["rows"], strict=True):
+        assert now["predicted"] == pytest.approx(then["predicted"], rel=1e-12), now["what"]
+        assert now["why"] == then["why"], now["what"]
+    assert counts == saved["counts"]
+    unexplained = [r["what"] for r in records if abs(r["error"]) > planner_external.MISS and not r["why"]]
+    assert not unexplained, f"rows beyond 10% without a measured reason: {unexplained}"
+
+
+def test_the_check_names_a_block_edited_by_hand_and_a_missing_results_file(tmp_path, monkeypatch):
+    import render_docs
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    shutil.copy(REPO / "docs" / "PLANNER.md", docs / "PLANNER.md")
+    text = (docs / "PLANNER.md").read_text()
+    (docs / "PLANNER.md").write_text(text.replace("| +0.0% |", "| +0.1% |", 1))
+    (docs / "EXTRA.md").write_text("<!-- rendered: avsync_accuracy -->\nold\n<!-- /rendered -->\n")
+    results = tmp_path / "results"
+    results.mkdir()
+    shutil.copy(REPO / "bench" / "results" / "planner_external.json", results / "planner_external.json")
+    monkeypatch.setattr(render_docs, "REPO", tmp_path)
+    monkeypatch.setattr(render_docs, "RESULTS", results)
+    monkeypatch.setattr(render_docs, "DOCUMENTS", ("docs/*.md",))
+    monkeypatch.setattr(render_docs, "staleness", lambda name, data: None)   # no git history in tmp_path
+    problems = render_docs.render_all(check=True)
+    assert any("PLANNER.md: block 'planner_external': differs" in p for p in problems), problems
+    assert any("EXTRA.md: block 'avsync_accuracy': bench/results/avsync_accuracy.json is missing" in p
+               for p in problems), problems
+    assert render_docs.render_all(check=False) == [p for p in problems if "missing" in p]
+    assert (docs / "PLANNER.md").read_text() == text                  # rendering puts the figure back
