@@ -26,7 +26,9 @@ per-clip buffers leave the resident set; the stock path does not. `--malloc-thre
 ``MALLOC_MMAP_THRESHOLD_=N`` for every worker, to compare both under the same allocator setting.
 
 The director runs with `tiles_per_call=1` (its least-memory execution, bit-identical on the CPU);
-every mode's uint8 frames (before any encoding) are fingerprinted and must agree, or the run fails.
+every mode's uint8 frames (before any encoding) are fingerprinted and must agree, or the run fails; the MP4 modes'
+files are also decoded back (after the measurement): each must hold every frame, and the director's must be as
+close to the frames as the stock encode at the same CRF (PSNR within `MP4_PSNR_SLACK_DB`; both are lossy).
 The model is `tiny_h3_vae()`: the real `AutoencoderKLMiniMaxH3` with a small decoder, so compute is
 small and the numbers isolate what grows with video length (the host-side buffers). Prints a
 Markdown table; optionally writes the plot and the raw results as JSON.
@@ -48,6 +50,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = ("stock", "director-uint8", "stock-mp4", "director-mp4")
+MP4_PSNR_SLACK_DB = 1.0  # the director's MP4 may be at most this much further from the frames than the stock MP4
 CRF, PRESET = 23, "medium"  # libx264's defaults, which diffusers' encode_video uses
 
 
@@ -107,10 +110,31 @@ def _worker(mode: str, frames: int, width: int, height: int, threads: int, workd
         raise SystemExit(f"unknown mode {mode!r}")
     wall, cpu = time.perf_counter() - wall0, _cpu_seconds() - cpu0
     peak = peak_rss_bytes() - base
-    if uint8 is not None:
-        fingerprint = _fingerprint(uint8)
-    return {"mode": mode, "frames": int(uint8.shape[0]) if uint8 is not None else frames, "peak_bytes": int(peak),
-            "wall_s": wall, "cpu_s": cpu, "fingerprint": fingerprint, "exact_peak": exact}
+    encoded = None
+    if mode.endswith("-mp4"):                 # after the measurement: what the file holds, against the frames
+        if uint8 is None:                     # the director encoded as it decoded: its frames, decoded again
+            uint8 = stream_decode(adapter, latents, Uint8FrameSink(), tiles_per_call=1).result
+        encoded = _decoded_back(video_path, uint8)
+    fingerprint = _fingerprint(uint8)
+    return {"mode": mode, "frames": int(uint8.shape[0]), "peak_bytes": int(peak), "wall_s": wall, "cpu_s": cpu,
+            "fingerprint": fingerprint, "exact_peak": exact, "encoded": encoded}
+
+
+def _decoded_back(path: str, uint8) -> dict:
+    """The MP4 at `path` decoded with PyAV and compared with the uint8 frames `[F, H, W, 3]` it was encoded from:
+    frame count, PSNR over all frames (dB) and the largest absolute difference (H.264 at CRF 23 is lossy)."""
+    import av
+    import numpy as np
+
+    with av.open(path) as container:
+        frames = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+    if frames.shape != uint8.shape:
+        return {"frames": int(frames.shape[0]), "shape_matches": False}
+    difference = frames.astype(np.float64) - uint8.astype(np.float64)
+    mse = float(np.mean(difference ** 2))
+    return {"frames": int(frames.shape[0]), "shape_matches": True,
+            "psnr_db": float("inf") if mse == 0 else 10 * np.log10(255.0 ** 2 / mse),
+            "max_abs": int(np.abs(difference).max())}
 
 
 def _run_one(mode: str, frames: int, width: int, height: int, threads: int, malloc_threshold: int | None) -> dict:
@@ -215,12 +239,26 @@ def main(argv: list[str] | None = None) -> int:
                         if (frames, mode) in best and best[(frames, mode)]["fingerprint"] is not None}
         if len(fingerprints) > 1:
             raise SystemExit(f"uint8 frames differ between modes at {frames} frames: {fingerprints}")
+        encoded = {mode: best[(frames, mode)]["encoded"] for mode in args.modes
+                   if (frames, mode) in best and best[(frames, mode)].get("encoded")}
+        for mode, e in encoded.items():
+            if not e["shape_matches"]:
+                raise SystemExit(f"{mode} at {frames} frames: the MP4 decoded back has {e['frames']} frames")
+        if len(encoded) == 2 and encoded["director-mp4"]["psnr_db"] < encoded["stock-mp4"]["psnr_db"] - MP4_PSNR_SLACK_DB:
+            raise SystemExit(f"director-mp4 at {frames} frames is more than {MP4_PSNR_SLACK_DB} dB below stock-mp4 "
+                             f"against the same frames: {encoded}")
 
     table = _table(list(best.values()))
     malloc = "glibc default" if args.malloc_threshold is None else f"MALLOC_MMAP_THRESHOLD_={args.malloc_threshold}"
     print(f"H3 decode, {width}x{height}, tiny_h3_vae (real AutoencoderKLMiniMaxH3, small decoder), CPU, "
           f"{args.threads} torch threads, {malloc}, {platform.machine()} {os.cpu_count()} cores, "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; uint8 frames identical in every mode: yes")
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; uint8 frames identical in every mode: yes "
+          "(the MP4 modes' frames fingerprinted before encoding)")
+    for (frames, mode), result in sorted(best.items()):
+        if result.get("encoded"):
+            e = result["encoded"]
+            print(f"{mode} at {frames} frames: the MP4 decoded back has {e['frames']} frames, PSNR "
+                  f"{e['psnr_db']:.1f} dB against the frames it was encoded from, largest difference {e['max_abs']}")
     print(table)
     if args.plot:
         _plot(list(best.values()), Path(args.plot), f"H3 decode memory by length, {width}x{height}, tiny real H3 VAE, CPU")
