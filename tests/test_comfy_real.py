@@ -73,7 +73,8 @@ def test_pack_nodes_are_listed(comfy):
                            "H3DirectorFrameOffset", "H3DirectorPlan", "H3DirectorDiTMemory",
                            "H3DirectorAVSyncMeasure", "H3DirectorUpscaleStreaming",
                            "H3DirectorGGUFDiTLoader", "H3DirectorStitch", "H3DirectorCachedTextEncode",
-                           "H3DirectorKeyframeSelect", "H3DirectorKeyframeMerge", "H3DirectorDevicePlacement"])
+                           "H3DirectorKeyframeSelect", "H3DirectorKeyframeMerge", "H3DirectorDevicePlacement",
+                           "H3DirectorResumableSampler"])
     assert all(info[k]["category"].startswith("H3 Director/") for k in ours)
     extensions = json.loads(_get(f"{comfy['url']}/extensions")[1])
     assert any(e.endswith("h3director.js") for e in extensions)

@@ -16,6 +16,7 @@ from h3director.comfy.nodes_keyframes import KeyframeMerge, KeyframeSelect
 from h3director.comfy.nodes_monitor import MonitorStart, MonitorStop
 from h3director.comfy.nodes_placement import DevicePlacement
 from h3director.comfy.nodes_plan import PlanNode
+from h3director.comfy.nodes_resume import ResumableSampler
 from h3director.comfy.nodes_shared import SharedRead, SharedWrite
 from h3director.comfy.nodes_stitch import Stitch
 from h3director.comfy.nodes_textcache import CachedTextEncode
@@ -24,7 +25,7 @@ from h3director.comfy.nodes_upscale import UpscaleStreaming
 NODES: list[type[io.ComfyNode]] = [
     DecodeAVStreaming, MonitorStart, MonitorStop, MemoryGuardNode, SharedWrite, SharedRead, FrameOffset, PlanNode,
     DiTMemoryNode, GGUFDiTLoader, CachedTextEncode, Stitch,
-    AVSyncMeasure, KeyframeSelect, KeyframeMerge, DevicePlacement, UpscaleStreaming,
+    AVSyncMeasure, KeyframeSelect, KeyframeMerge, DevicePlacement, UpscaleStreaming, ResumableSampler,
 ]
 
 
