@@ -39,7 +39,7 @@ import torch
 
 from h3director.errors import InvalidInputError
 from h3director.resume.checkpoint import CheckpointStore, SamplingCheckpoint
-from h3director.resume.fingerprint import sigmas_digest, structure_digest, tensor_crc32, tensor_digest
+from h3director.resume.fingerprint import module_identity, sigmas_digest, structure_digest, tensor_digest
 
 LOG = logging.getLogger("h3director.resume")
 
@@ -85,22 +85,13 @@ def resumable_method(name: str) -> ResumableMethod:
 
 
 def model_identity(guider: Any) -> str:
-    """Class, parameter count and dtype of the diffusion model, a CRC of its first and last weights (where
-    readable) and its patched keys (LoRA and the like) with their strengths."""
+    """`module_identity` of the diffusion model the guider samples (its `BaseModel` class named), plus its
+    patched keys (LoRA and the like) with their strengths."""
     patcher = getattr(guider, "model_patcher", None)
     model = getattr(patcher, "model", None)
-    inner = getattr(model, "diffusion_model", model)
-    if inner is None:
+    if model is None:
         return type(guider).__name__
-    params = list(inner.parameters())
-    text = f"{type(model).__name__}, {sum(p.numel() for p in params):,} parameters"
-    if params:
-        text += f", {str(params[0].dtype).removeprefix('torch.')}"
-        try:
-            text += f", weights crc {tensor_crc32(params[0].reshape(-1)[:4096]):08x}"
-            text += f"/{tensor_crc32(params[-1].reshape(-1)[:4096]):08x}"
-        except Exception:  # noqa: BLE001 - weights on a meta or quantized storage: identity without them
-            text += ", weights not readable"
+    text = f"{type(model).__name__}: {module_identity(getattr(model, 'diffusion_model', model))}"
     patches = getattr(patcher, "patches", None) or {}
     if patches:
         strengths = sorted((key, tuple(float(p[0]) for p in entries)) for key, entries in patches.items())

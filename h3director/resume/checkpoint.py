@@ -122,16 +122,17 @@ class CheckpointStore:
         the write failed (warned once; later calls do nothing) or checkpoints already stopped."""
         if self.stopped is not None:
             return None
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
         tensors = {name: t.detach().contiguous().cpu() for name, t in checkpoint.tensors.items()}
         meta = {"format": FORMAT, "step": str(checkpoint.step), "total_steps": str(checkpoint.total_steps),
                 "key": json.dumps(checkpoint.key, sort_keys=True),
                 "crc32": json.dumps({name: tensor_crc32(t) for name, t in tensors.items()}, sort_keys=True)}
         final = checkpoint_path(self.folder, checkpoint.step)
+        payload = save(tensors, metadata=meta)  # serialized here so that a failed write is a plain OSError
         try:
             with atomic_path(final) as temporary:
-                save_file(tensors, str(temporary), metadata=meta)
+                temporary.write_bytes(payload)
         except OSError as error:
             self.stopped = f"{type(error).__name__}: {error}"
             self.warn(f"H3 Director resume: writing the checkpoint of step {checkpoint.step} to {final} failed "

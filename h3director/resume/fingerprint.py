@@ -72,3 +72,18 @@ def sigmas_digest(sigmas: Iterable[float] | torch.Tensor) -> str:
     steps = max(values.numel() - 1, 0)
     ends = f"{float(values[0]):.6g} -> {float(values[-1]):.6g}" if values.numel() else "empty"
     return f"{steps} steps, {ends}, crc {tensor_crc32(values):08x}"
+
+
+def module_identity(module: torch.nn.Module) -> str:
+    """Class, parameter count and dtype of `module`, and a CRC of the first 4,096 values of its first and
+    last parameters where they can be read (weights on a meta or quantized storage are left out, said so)."""
+    params = list(module.parameters())
+    text = f"{type(module).__name__}, {sum(p.numel() for p in params):,} parameters"
+    if params:
+        text += f", {str(params[0].dtype).removeprefix('torch.')}"
+        try:
+            text += (f", weights crc {tensor_crc32(params[0].reshape(-1)[:4096]):08x}"
+                     f"/{tensor_crc32(params[-1].reshape(-1)[:4096]):08x}")
+        except Exception:  # noqa: BLE001 - identity without the weights rather than no identity
+            text += ", weights not readable"
+    return text
