@@ -82,7 +82,8 @@ def killed(base, tmp_path_factory):
             post_json(f"{comfy['url']}/prompt", {"prompt": _workflow(name, resumable=True, save_as=f"never_{name}"),
                                                 "client_id": "h3-resume-test"})
             deadline = time.monotonic() + 300
-            while not (gate / "reached").exists():
+            # blocked in step 4, and the checkpoint of step 4 (written by a background thread) is on disk
+            while not ((gate / "reached").exists() and (_folder(base, name) / "step_000004.safetensors").exists()):
                 assert comfy["server"].poll() is None, comfy["log"].read_text()[-4000:]
                 assert time.monotonic() < deadline, comfy["log"].read_text()[-4000:]
                 time.sleep(0.1)

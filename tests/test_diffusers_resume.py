@@ -65,7 +65,7 @@ def test_killed_loop_resumes_bit_identical_and_refuses_another_seed(folder):
     process = _worker(folder, "never.safetensors", "--folder", str(checkpoints), "--gate-step", "4",
                       "--gate-dir", str(gate))
     deadline = time.monotonic() + 300
-    while not (gate / "reached").exists():
+    while not ((gate / "reached").exists() and (checkpoints / "step_000004.safetensors").exists()):
         assert process.poll() is None, process.communicate()[1][-3000:]
         assert time.monotonic() < deadline
         time.sleep(0.1)

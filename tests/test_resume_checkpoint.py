@@ -104,3 +104,15 @@ def test_digests_follow_content_not_identity():
     assert structure_digest(conds) != structure_digest([{"cross_attn": a + 1, "model_conds": {}}])
     assert sigmas_digest(torch.tensor([1.0, 0.5, 0.0])).startswith("2 steps, 1 -> 0, crc")
     assert sigmas_digest([1.0, 0.5, 0.0]) != sigmas_digest([1.0, 0.25, 0.0])
+
+
+def test_background_saves_are_written_in_order_and_waited_for(tmp_path):
+    store = CheckpointStore(tmp_path)
+    written = {step: _checkpoint(step) for step in (2, 4, 6)}
+    for checkpoint in written.values():
+        store.save_in_background(checkpoint)
+        checkpoint.tensors["latent"].add_(1.0)   # the sampler moves on: the saved copy must not change
+    store.wait()
+    assert [p.name for p in store.written] == [f"step_00000{s}.safetensors" for s in (2, 4, 6)]
+    found = store.latest(KEY)
+    assert found.step == 6 and torch.equal(found.tensors["latent"] + 1.0, written[6].tensors["latent"])

@@ -24,7 +24,8 @@ Brownian-tree samplers).
 The checkpoint key is built at sampling time from what the sampling consumes, so ComfyUI's node cache
 cannot make it stale: sampler, model (class, parameter count, dtype, a CRC of its first and last
 weights, patched keys), conditioning (every positive/negative entry and the cfg), seed, sigmas
-(steps, scheduler, denoise), latent shapes, and a CRC of the initial latent (noise plus input latent).
+(steps, scheduler, denoise), latent shapes, a CRC of the initial latent (noise plus input latent) and the
+device type.
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ def run_key(method: ResumableMethod, model: Any, x: torch.Tensor, sigmas: torch.
         "sigmas": sigmas_digest(sigmas),
         "latent shape": " + ".join(str(list(s)) for s in shapes),
         "initial latent": tensor_digest(x),
+        "device": x.device.type,   # the same bits (and generator kind) need the same kind of device
     }
 
 
@@ -195,7 +197,7 @@ class _Run:
             tensors["old_denoised"] = self.previous_denoised
         if self.noise is not None:
             tensors["generator_state"] = self.noise.generator.get_state()
-        self.store.save(SamplingCheckpoint(step=step, total_steps=self.total, key=self.key, tensors=tensors))
+        self.store.save_in_background(SamplingCheckpoint(step=step, total_steps=self.total, key=self.key, tensors=tensors))
 
 
 class _SteppedModel:

@@ -89,7 +89,7 @@ class ResumableH3DenoiseStep(MiniMaxH3DenoiseStep):
                     progress_bar.update()
                     continue
                 if i > start and i % self.every == 0:
-                    store.save(SamplingCheckpoint(step=i, total_steps=total, key=key, tensors={
+                    store.save_in_background(SamplingCheckpoint(step=i, total_steps=total, key=key, tensors={
                         "latent": block_state.latents, "audio_latent": block_state.audio_latents}))
                 components, block_state = self.loop_step(components, block_state, i=i, t=t)
                 progress_bar.update()

@@ -14,7 +14,10 @@ Guarantees:
 - a checkpoint whose key differs from the run's is refused (`CheckpointMismatch`, naming each field
   that differs), never silently resumed;
 - `save` never raises for a write that fails (full disk, read-only folder): it warns once that
-  checkpoints stopped, and the sampling goes on without them.
+  checkpoints stopped, and the sampling goes on without them;
+- `save_in_background` costs the sampling thread only a host copy of the tensors: the CRC, serializing,
+  writing and fsync run on one writer thread (a new save first waits for the one in flight, so files
+  are written in step order); `wait` joins it. A process killed mid-write leaves the previous checkpoint.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import json
 import logging
 import os
 import re
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,6 +120,8 @@ class CheckpointStore:
         self.warn = warn or LOG.warning
         self.stopped: str | None = None
         self.written: list[Path] = []
+        self._writer: threading.Thread | None = None
+        self._writer_error: BaseException | None = None
 
     def save(self, checkpoint: SamplingCheckpoint) -> Path | None:
         """Write `checkpoint` atomically and drop all but the newest `keep`; returns the path, or None when
@@ -143,6 +149,34 @@ class CheckpointStore:
             remove_quietly(old)
         return final
 
+    def save_in_background(self, checkpoint: SamplingCheckpoint) -> None:
+        """Copy `checkpoint`'s tensors to the host now, write them on the writer thread (see `save`)."""
+        self.wait()
+        if self.stopped is not None:
+            return
+        host = SamplingCheckpoint(step=checkpoint.step, total_steps=checkpoint.total_steps, key=checkpoint.key,
+                                  tensors={name: t.detach().to("cpu", copy=True)
+                                           for name, t in checkpoint.tensors.items()})
+
+        def write() -> None:
+            try:
+                self.save(host)
+            except BaseException as error:  # noqa: BLE001 - handed to the sampling thread by `wait`
+                self._writer_error = error
+
+        self._writer = threading.Thread(target=write, name=f"h3director-checkpoint-{checkpoint.step}")
+        self._writer.start()
+
+    def wait(self) -> None:
+        """Join the write in flight, if any; re-raise what it raised other than a failed write (which `save`
+        turns into the warning)."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+        if self._writer_error is not None:
+            error, self._writer_error = self._writer_error, None
+            raise error
+
     def latest(self, key: Mapping[str, str]) -> SamplingCheckpoint | None:
         """The newest readable checkpoint, or None when there is none.
 
@@ -166,7 +200,8 @@ class CheckpointStore:
         return None
 
     def clear(self) -> None:
-        """Remove every checkpoint (and leftover temporary) of this run name."""
+        """Remove every checkpoint (and leftover temporary) of this run name, after the write in flight."""
+        self.wait()
         if not self.folder.is_dir():
             return
         for path in self.folder.iterdir():
