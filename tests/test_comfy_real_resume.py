@@ -7,8 +7,8 @@ tests/test_comfy_real_dit.py) and blocks in the model call of step 4; the test w
 SIGKILLs the server by its pid. A second server (no gate) then gets the same prompt: it continues at step
 4 and its final latent (video and audio streams) is `torch.equal` to stock SamplerCustom with
 KSamplerSelect run uninterrupted. Before resuming, prompts that differ in seed, prompt or latent size
-are refused naming what differs; a corrupted newest checkpoint is skipped with a warning and the one
-before it used.
+are refused naming what differs, and resume='restart' discards another run's checkpoints and samples from
+step 0; a corrupted newest checkpoint is skipped with a warning and the one before it used.
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ ARGS = ["--use-pytorch-cross-attention"]
 
 
 def _workflow(sampler_name: str, *, resumable: bool, save_as: str, seed: int = 3, text_seed: int = 0,
-              width: int = 64) -> dict:
+              width: int = 64, run_name: str | None = None, resume: str = "auto") -> dict:
     sampler = ({"class_type": "H3DirectorResumableSampler", "inputs": {
-        "sampler_name": sampler_name, "run_name": f"run_{sampler_name}", "checkpoint_every": EVERY,
-        "resume": "auto"}} if resumable else
+        "sampler_name": sampler_name, "run_name": run_name or f"run_{sampler_name}", "checkpoint_every": EVERY,
+        "resume": resume}} if resumable else
         {"class_type": "KSamplerSelect", "inputs": {"sampler_name": sampler_name}})
     return {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": "h3_tiny_dit.safetensors", "weight_dtype": "default"}},
@@ -124,6 +124,24 @@ def test_another_seed_prompt_or_latent_size_is_refused_naming_what_differs(comfy
             assert text in message, (change, text, message[:3000])
     assert sorted(os.listdir(_folder(comfy["base"], "euler"))) == ["step_000002.safetensors",
                                                                    "step_000004.safetensors"]
+
+
+def test_restart_discards_another_runs_checkpoints_and_samples_from_step_0(comfy):
+    import shutil
+
+    base = comfy["base"]
+    leftover = base / "output" / "h3director_resume" / "run_restart"
+    shutil.copytree(_folder(base, "euler"), leftover)        # seed 3's checkpoints under another run name
+    refused = submit(comfy, _workflow("euler", resumable=True, save_as="refused", seed=4, run_name="run_restart"))
+    assert refused["status"]["status_str"] == "error"
+    entry = submit(comfy, _workflow("euler", resumable=True, save_as="restarted", seed=4, run_name="run_restart",
+                                    resume="restart"))
+    assert entry["status"]["status_str"] == "success", json.dumps(entry["status"])[:4000]
+    assert not any(p.name.startswith("step_") for p in leftover.iterdir())
+    entry = submit(comfy, _workflow("euler", resumable=False, save_as="stock_seed4", seed=4))
+    assert entry["status"]["status_str"] == "success", json.dumps(entry["status"])[:4000]
+    stock, restarted = _load(base, "stock_seed4"), _load(base, "restarted")
+    assert all(torch.equal(stock[key], restarted[key]) for key in stock)
 
 
 @pytest.mark.parametrize("name", SAMPLERS)

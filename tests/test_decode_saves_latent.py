@@ -3,7 +3,8 @@
 H3Director Decode AV (Streaming) on the ComfyUI stand-ins (`tests/comfy_harness`, the real diffusers H3 VAE
 at a tiny size) with a decoder that dies in its second clip: the latent (video and audio) is already in
 ``output/latents/`` under its final name, `h3director decode FILE` decodes it to the frames the node gives
-when it does not die, and ``save_latent=False`` writes nothing.
+when it does not die (and, with the audio VAE, to an MP4 with its soundtrack), and ``save_latent=False``
+writes nothing.
 """
 
 from __future__ import annotations
@@ -81,6 +82,20 @@ def test_a_decode_that_dies_leaves_the_latent_and_the_cli_decodes_it(output_dir,
     frames = np.load(tmp_path / "f.npy", mmap_mode="r")
     assert frames.shape == tuple(images.shape) == (39, 128, 128, 3)
     np.testing.assert_array_equal(np.asarray(frames), images.numpy())
+
+    # the same file with its soundtrack: ComfyUI's audio layout [B, 32, 2, Ta] through --audio-vae
+    import av
+
+    from h3director.integrations.tiny import tiny_h3_audio_vae
+
+    tiny_h3_audio_vae(seed=2).save_pretrained(tmp_path / "audio" / "audio_vae")
+    code = main(["decode", str(saved[0]), "--vae", str(tmp_path / "weights"), "--audio-vae", str(tmp_path / "audio"),
+                 "--out", str(tmp_path / "av.mp4"), "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    with av.open(str(tmp_path / "av.mp4")) as container:
+        assert container.streams.audio[0].channels == 2
+        samples = sum(frame.samples for frame in container.decode(audio=0))
+    assert abs(samples - 12 * 800) <= 2048   # AAC pads to whole 1024-sample frames
 
 
 def test_save_latent_off_writes_no_latent(output_dir):
