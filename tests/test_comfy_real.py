@@ -160,7 +160,7 @@ def test_wrong_latent_is_a_node_error(comfy):
 
 @pytest.mark.parametrize("name", ["h3_t2v_streaming_api.json", "h3_i2v_streaming_api.json",
                                   "h3_decode_latent_streaming_api.json", "h3_long_chain_api.json",
-                                  "h3_keyframe_detail_api.json"])
+                                  "h3_keyframe_detail_api.json", "h3_t2v_resumable_api.json"])
 def test_example_workflows_match_the_real_node_definitions(comfy, name):
     info = json.loads(_get(f"{comfy['url']}/object_info")[1])
     workflow = json.loads((REPO / "examples" / name).read_text())
