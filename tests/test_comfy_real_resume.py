@@ -8,7 +8,8 @@ SIGKILLs the server by its pid. A second server (no gate) then gets the same pro
 4 and its final latent (video and audio streams) is `torch.equal` to stock SamplerCustom with
 KSamplerSelect run uninterrupted. Before resuming, prompts that differ in seed, prompt or latent size
 are refused naming what differs, and resume='restart' discards another run's checkpoints and samples from
-step 0; a corrupted newest checkpoint is skipped with a warning and the one before it used.
+step 0; a corrupted newest checkpoint is skipped with a warning and the one before it used; a checkpoint
+folder that cannot be written warns once and the sampling still ends equal to stock.
 """
 
 from __future__ import annotations
@@ -167,3 +168,19 @@ def test_the_same_prompt_resumes_and_equals_an_uninterrupted_stock_run(comfy, na
     for key in stock:
         assert torch.isfinite(stock[key]).all()
         assert torch.equal(stock[key], resumed[key]), (name, key, (stock[key] - resumed[key]).abs().max())
+
+
+def test_a_checkpoint_folder_that_cannot_be_written_warns_and_sampling_goes_on(comfy):
+    base = comfy["base"]
+    blocked = base / "output" / "h3director_resume" / "run_blocked"
+    blocked.parent.mkdir(parents=True, exist_ok=True)
+    blocked.write_text("a file where the checkpoint folder should be: every write fails")
+    entry = submit(comfy, _workflow("euler", resumable=True, save_as="blocked", run_name="run_blocked"))
+    assert entry["status"]["status_str"] == "success", json.dumps(entry["status"])[:4000]
+    log = comfy["log"].read_text()
+    assert f"writing the checkpoint of step {EVERY} to {blocked / 'step_000002.safetensors'} failed" in log
+    assert log.count("checkpoints stopped for this run, sampling goes on") == 1
+    entry = submit(comfy, _workflow("euler", resumable=False, save_as="stock_for_blocked"))
+    assert entry["status"]["status_str"] == "success", json.dumps(entry["status"])[:4000]
+    stock, ours = _load(base, "stock_for_blocked"), _load(base, "blocked")
+    assert all(torch.equal(stock[key], ours[key]) for key in stock)
