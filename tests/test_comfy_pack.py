@@ -29,7 +29,7 @@ def test_pack_exports_v3_entry_point_and_web_directory(pack):
     names = {node.__name__ for node in nodes}
     assert names >= {"DecodeAVStreaming", "MonitorStart", "MonitorStop", "MemoryGuardNode", "SharedWrite", "SharedRead",
                      "FrameOffset", "PlanNode", "DiTMemoryNode", "GGUFDiTLoader", "CachedTextEncode",
-                     "KeyframeSelect", "KeyframeMerge", "UpscaleStreaming"}
+                     "KeyframeSelect", "KeyframeMerge", "UpscaleStreaming", "ResumableSampler"}
     assert len(names) == len(nodes)
 
 

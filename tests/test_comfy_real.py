@@ -75,7 +75,7 @@ def test_pack_nodes_are_listed(comfy):
                            "H3DirectorGGUFDiTLoader", "H3DirectorStitch", "H3DirectorCachedTextEncode",
                            "H3DirectorKeyframeSelect", "H3DirectorKeyframeMerge", "H3DirectorDevicePlacement",
                            "H3DirectorBlockSwap", "H3DirectorVideoOnlyLatent", "H3DirectorVideoStream",
-                           "H3DirectorDraftToAV"])
+                           "H3DirectorDraftToAV", "H3DirectorResumableSampler"])
     assert all(info[k]["category"].startswith("H3 Director/") for k in ours)
     extensions = json.loads(_get(f"{comfy['url']}/extensions")[1])
     assert any(e.endswith("h3director.js") for e in extensions)
@@ -191,7 +191,8 @@ def test_wrong_latent_is_a_node_error(comfy):
                                   "h3_i2v_streaming_api.json",
                                   "h3_decode_latent_streaming_api.json", "h3_long_chain_api.json",
                                   "h3_keyframe_detail_api.json", "h3_t2v_planned_40gb_api.json",
-                                  "h3_staged_api.stage1.json", "h3_staged_api.stage2.json"])
+                                  "h3_staged_api.stage1.json", "h3_staged_api.stage2.json",
+                                  "h3_t2v_resumable_api.json"])
 def test_example_workflows_match_the_real_node_definitions(comfy, name):
     info = json.loads(_get(f"{comfy['url']}/object_info")[1])
     workflow = json.loads((REPO / "examples" / name).read_text())

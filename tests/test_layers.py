@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "h3director"
-LAYERS = {"native": 0, "core": 1, "weights": 1, "plan": 2, "video": 3, "dit": 3, "av": 3, "integrations": 4, "comfy": 5, "farm": 5,
+LAYERS = {"native": 0, "core": 1, "weights": 1, "plan": 2, "video": 3, "dit": 3, "av": 3, "resume": 3, "integrations": 4, "comfy": 5, "farm": 5,
           "commands": 6, "cli": 6, "__main__": 6}
 LEAVES = {"errors", "units", "geometry", "fragmentation"}
 FRAMEWORKS = {"diffusers", "transformers", "comfy", "comfy_api", "folder_paths", "server"}

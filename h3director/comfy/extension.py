@@ -17,6 +17,7 @@ from h3director.comfy.nodes_keyframes import KeyframeMerge, KeyframeSelect
 from h3director.comfy.nodes_monitor import MonitorStart, MonitorStop
 from h3director.comfy.nodes_placement import DevicePlacement
 from h3director.comfy.nodes_plan import PlanNode
+from h3director.comfy.nodes_resume import ResumableSampler
 from h3director.comfy.nodes_shared import SharedRead, SharedWrite
 from h3director.comfy.nodes_staged import DraftToAV, VideoOnlyLatent, VideoStream
 from h3director.comfy.nodes_stitch import Stitch
@@ -27,7 +28,7 @@ NODES: list[type[io.ComfyNode]] = [
     DecodeAVStreaming, MonitorStart, MonitorStop, MemoryGuardNode, SharedWrite, SharedRead, FrameOffset, PlanNode,
     DiTMemoryNode, GGUFDiTLoader, CachedTextEncode, Stitch,
     AVSyncMeasure, KeyframeSelect, KeyframeMerge, DevicePlacement, UpscaleStreaming, BlockSwapNode,
-    VideoOnlyLatent, VideoStream, DraftToAV,
+    VideoOnlyLatent, VideoStream, DraftToAV, ResumableSampler,
 ]
 
 

@@ -67,3 +67,19 @@ def split_av_latent(latent: Any) -> AVLatent:
         _check_finite("audio", audio)
     _check_finite("video", video)
     return AVLatent(video=video, audio=audio)
+
+
+def save_latent_before_decode(filename_prefix: str, av_latent: AVLatent) -> str:
+    """Write `av_latent` (video and audio) to ``<output>/latents/<prefix's last part>_NNNNN_.safetensors``
+    (`video.latent_file.write_latent_file`, atomic) and return the report line naming the file and the
+    command that decodes it again (`h3director decode` reads this layout)."""
+    import os
+
+    from h3director.comfy import runtime
+    from h3director.video.latent_file import write_latent_file
+
+    name = os.path.basename(os.path.normpath(str(filename_prefix).strip() or "H3Director")) or "H3Director"
+    video = av_latent.video
+    target = runtime.save_target(f"latents/{name}", video.shape[-1] * 16, video.shape[-2] * 16, "safetensors")
+    write_latent_file(target.path, video, av_latent.audio)
+    return f"latent saved: {target.path} (decode it again: h3director decode {target.path} --vae VAE --out FILE)"

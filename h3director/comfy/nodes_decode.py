@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io, ui
 
-from h3director.comfy.latents import split_av_latent
+from h3director.comfy.latents import save_latent_before_decode, split_av_latent
 from h3director.errors import InvalidInputError
 from h3director.units import GiB, format_size
 
@@ -75,6 +75,9 @@ class DecodeAVStreaming(io.ComfyNode):
                 io.Int.Input("crf", default=18, min=0, max=51, tooltip="H.264 quality: 0 lossless, 18 visually lossless."),
                 io.Float.Input("budget_gb", default=0.0, min=0.0, max=1024.0, step=0.5, optional=True,
                                tooltip="Memory budget for one clip on the VAE device in GiB; 0 = h3_config.yaml."),
+                io.Boolean.Input("save_latent", default=True, optional=True,
+                                 tooltip="Write the latent to output/latents/ before decoding, so a decode that "
+                                         "dies is rerun from the file (h3director decode FILE)."),
             ],
             outputs=[
                 io.Image.Output(display_name="images",
@@ -93,7 +96,7 @@ class DecodeAVStreaming(io.ComfyNode):
 
     @classmethod
     def execute(cls, samples, vae, output, filename_prefix, fps, crf, audio_vae=None,
-                budget_gb=0.0) -> io.NodeOutput:
+                budget_gb=0.0, save_latent=True) -> io.NodeOutput:
         from h3director.comfy import runtime
         from h3director.comfy.image_sink import ComfyImageSink, LastFrameTap
         from h3director.integrations.comfy_vae import ComfyH3AudioAdapter, ComfyH3VideoAdapter
@@ -136,9 +139,11 @@ class DecodeAVStreaming(io.ComfyNode):
         from h3director.comfy.settings import pack_config
 
         config = pack_config()
+        # after every check (the video path too), before the first decoder call
+        latent_note = save_latent_before_decode(filename_prefix, av_latent) if save_latent else None
         if not config.features().streaming_decode:
             return _reference_decode(vae, video, av_latent.audio, audio_adapter, output, target, fps, crf,
-                                     skipped_audio)
+                                     skipped_audio, latent_note)
         budget = int(budget_gb * GiB) if budget_gb else None
         with phase("H3 streaming decode"):
             # audio first: loading the audio VAE may move the video VAE off the device
@@ -155,6 +160,8 @@ class DecodeAVStreaming(io.ComfyNode):
                 report.notes.append(AUDIO_SKIPPED_NOTE)
         audio_out = None if waveform is None else {"waveform": waveform, "sample_rate": audio_adapter.sample_rate}
         text = _report_text(report, str(target.path) if target else None)
+        if latent_note:
+            text += "\n" + latent_note
         if output == OUTPUT_VIDEO:
             preview = ui.PreviewVideo([ui.SavedResult(target.filename, target.subfolder, io.FolderType.output)])
             return io.NodeOutput(sink.last_frame, audio_out, text, ui=preview)
@@ -162,7 +169,7 @@ class DecodeAVStreaming(io.ComfyNode):
 
 
 def _reference_decode(vae, video, audio_latent, audio_adapter, output, target, fps, crf,
-                      skipped_audio: bool = False) -> io.NodeOutput:
+                      skipped_audio: bool = False, latent_note: str | None = None) -> io.NodeOutput:
     """Memory level 0: ComfyUI's own `vae.decode` of the whole video (what VAE Decode runs), no streaming.
 
     'images' returns its IMAGE as it is; 'video_file' encodes those frames (already display pixels in
@@ -183,6 +190,8 @@ def _reference_decode(vae, video, audio_latent, audio_adapter, output, target, f
     lines = [f"frames: {images.shape[0]} in one call, {time.perf_counter() - started:.1f} s", REFERENCE_NOTE]
     if skipped_audio:
         lines.append(AUDIO_SKIPPED_NOTE)
+    if latent_note:
+        lines.append(latent_note)
     if output != OUTPUT_VIDEO:
         return io.NodeOutput(images, audio_out, "\n".join(lines))
     from h3director.video.sinks import VideoFileSink

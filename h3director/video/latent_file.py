@@ -100,3 +100,25 @@ def read_latent_file(path: str | os.PathLike, limits: SafetensorsLimits = LATENT
         video = handle.get_tensor(video_key).float()
         audio = handle.get_tensor(audio_key).float() if audio_key is not None else None
     return LatentFile(path=path, video=video, audio=audio, layout=layout)
+
+
+def write_latent_file(path: str | os.PathLike, video: torch.Tensor, audio: torch.Tensor | None = None) -> Path:
+    """Write latents as an H3 Director ``.safetensors`` that `read_latent_file` (and `h3director decode`) reads.
+
+    `video` `[B, C, T, h, w]` goes under ``latents``, `audio` (either layout of the module docstring) under
+    ``audio_latents``, both as they are (dtype kept, moved to the host). Atomic: the file appears under
+    its final name only when complete (`core.atomic_file.atomic_path`). Returns the path written.
+    """
+    from safetensors.torch import save_file
+
+    from h3director.core.atomic_file import atomic_path
+
+    path = Path(path)
+    if path.suffix.lower() != ".safetensors":
+        raise InvalidInputError(f"{str(path)!r}: latents are written as .safetensors, got {path.suffix or 'no suffix'!r}")
+    tensors = {"latents": video.detach().contiguous().cpu()}
+    if audio is not None:
+        tensors["audio_latents"] = audio.detach().contiguous().cpu()
+    with atomic_path(path) as temporary:
+        save_file(tensors, str(temporary), metadata={"writer": "h3director"})
+    return path

@@ -5,7 +5,7 @@ Mirrors, by name and call signature, the parts of ComfyUI's V3 API the H3 Direct
 `comfy_api/latest/_ui.py`): `ComfyExtension` (async `on_load`, `get_node_list`), `io.ComfyNode`
 (`define_schema`, `execute`, `validate_inputs`, `fingerprint_inputs`, `GET_SCHEMA`, `hidden`),
 `io.Schema` (fields, `validate`, `finalize`), the input/output types `Int`, `Float`, `String`,
-`Boolean`, `Combo`, `Image`, `Latent`, `Vae`, `Model`, `Audio`, `Conditioning`, `AnyType`,
+`Boolean`, `Combo`, `Image`, `Latent`, `Vae`, `Model`, `Audio`, `Conditioning`, `Sampler`, `AnyType`,
 `Custom(io_type)`, `io.Hidden`, `io.FolderType`, `io.NodeOutput`, `ui.SavedResult`,
 `ui.PreviewVideo`. Widget defaults/min/max/options are kept as attributes with the real names so the
 contract tests can check them. The real API is exercised by `tests/test_comfy_real.py`.

@@ -105,6 +105,7 @@ Audio = _comfytype("AUDIO")
 UpscaleModel = _comfytype("UPSCALE_MODEL")
 Conditioning = _comfytype("CONDITIONING")
 Clip = _comfytype("CLIP")
+Sampler = _comfytype("SAMPLER")
 AnyType = _comfytype("*")
 
 
