@@ -1,7 +1,8 @@
 """Results files for benches: one JSON per bench run under bench/results/, with what produced it.
 
 `write_results(path, bench, arguments, data)` writes ``{"bench", "arguments", "code", "machine", "date", ...data}``
-atomically: `code` is the git commit of the checkout (and whether it had uncommitted changes), `machine` the
+atomically: `code` is the git commit of the checkout when the bench started (and whether it had uncommitted
+changes to tracked files), `machine` the
 platform, processor count, memory and library versions, `date` UTC ISO 8601. Documents quote these files; a
 number typed by hand has no such record.
 """
@@ -54,11 +55,16 @@ def machine() -> dict:
     return info
 
 
+CODE_AT_START = code_version()
+"""The checkout as it was when the bench started (imported): what the numbers were measured on."""
+
+
 def write_results(path: str | os.PathLike, bench: str, arguments: dict, data: dict) -> Path:
-    """Write the results JSON of one run of `bench` (its `arguments` and measured `data`) to `path`, atomically."""
+    """Write the results JSON of one run of `bench` (its `arguments` and measured `data`) to `path`, atomically,
+    with the code version taken when the bench started (`CODE_AT_START`)."""
     from h3director.core.atomic_file import atomic_path
 
-    record = {"bench": bench, "arguments": arguments, "code": code_version(), "machine": machine(),
+    record = {"bench": bench, "arguments": arguments, "code": CODE_AT_START, "machine": machine(),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **data}
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
