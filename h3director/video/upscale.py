@@ -544,8 +544,9 @@ def stream_upscale(model: UpscaleModel, source: FrameSource, sink: FrameSink, *,
         index = start
         frames = source.frames(start)
         while True:
-            with clock.measure("read"):
+            with clock.measure("read") as state:
                 frame = next(frames, None)
+                state["frame"] = frame is not None
             if frame is None:
                 break
             if tuple(frame.shape) != (source.height, source.width, 3):

@@ -97,8 +97,9 @@ class StageClock:
         self.stages[name] = StageStats(name, exactness)
 
     @contextmanager
-    def measure(self, name: str) -> Iterator[None]:
-        """Time one frame's pass through stage `name`; record its host and device peaks."""
+    def measure(self, name: str) -> Iterator[dict]:
+        """Time one frame's pass through stage `name`; record its host and device peaks. The yielded dict's
+        ``"frame"`` set False makes the pass not count as a frame (a source's final, empty read)."""
         stats = self.stages[name]
         cuda = self.device.type == "cuda"
         if self._can_reset:
@@ -106,13 +107,14 @@ class StageClock:
         if cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
         started = time.perf_counter()
+        state = {"frame": True}
         try:
-            yield
+            yield state
         finally:
             if cuda:
                 torch.cuda.synchronize(self.device)
             stats.seconds += time.perf_counter() - started
-            stats.frames += 1
+            stats.frames += int(state["frame"])
             if self._can_reset:
                 peak = peak_rss_bytes()
                 if peak is not None:
