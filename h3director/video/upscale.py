@@ -257,7 +257,7 @@ class UpscaleReport:
                       else f", device peak {stage.peak_device_bytes / 2**20:.0f} MiB")
             host = "" if stage.peak_host_bytes is None else f", host peak {stage.peak_host_bytes / 2**20:.0f} MiB"
             out.append(f"stage {stage.name}: {stage.seconds:.2f} s over {stage.frames} frames{host}{device} "
-                       f"({stage.exactness})")
+                       f"- {stage.exactness}")
         if self.peak_host_bytes:
             out.append(f"peak host memory (process): {self.peak_host_bytes / 2**20:.0f} MiB")
         if self.result is not None:
@@ -527,14 +527,14 @@ def stream_upscale(model: UpscaleModel, source: FrameSource, sink: FrameSink, *,
                            post_resize=_resize_note(recipe.post_resize, recipe.resample),
                            dtype=dtype_name(model.dtype), tile_batch=recipe.tile_batch)
     clock = StageClock(model.device)
-    clock.add("read", "exact (decoded frames as they are)")
+    clock.add("read", "as decoded")
     if recipe.pre_resize is not None:
-        clock.add("pre-resize", f"deterministic ({report.pre_resize})")
+        clock.add("pre-resize", f"deterministic, {report.pre_resize}")
     clock.add("model", report.exactness + ("" if model.dtype == torch.float32 else f"; {report.dtype}: approximate")
               + ("" if recipe.tile_batch == 1 else f"; tile batch {recipe.tile_batch}"))
     if recipe.post_resize is not None:
-        clock.add("post-resize", f"deterministic ({report.post_resize})")
-    clock.add("write", "the sink's (uint8 / H.264)")
+        clock.add("post-resize", f"deterministic, {report.post_resize}")
+    clock.add("write", "quantised by the sink: uint8 .npy or H.264")
     sink.begin(spec)
     try:
         if audio is not None:
