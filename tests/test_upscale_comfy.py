@@ -93,3 +93,34 @@ def test_bad_input_is_a_node_error_before_output(comfy):
     assert result["status"]["status_str"] == "error"
     assert "larger than 2 x overlap" in json.dumps(result["status"])
     assert sorted((comfy["base"] / "output").rglob("*")) == before
+
+
+def test_node_recipe_pre_resize_fp16_tile_batch_post_resize(comfy):
+    """pre_resize to half, Compact x2 in fp16 with a tile batch of 4, post_resize to 60x40: the report gives each
+    stage and the fp16 difference, the frames equal the same steps by hand (fp32 model) within the fp16 error."""
+    import torch
+
+    from h3director.video.resize import resize_frame
+
+    inputs = {"upscale_model": ["1", 0], "images": ["3", 0], "tile": 24, "overlap": "auto", "fps": 12.0, "crf": 0,
+              "format": "npy", "filename_prefix": "recipe/frames", "pre_resize": f"{W // 2}x{H // 2}",
+              "pre_resample": "area", "post_resize": "60x40", "resample": "lanczos", "dtype": "fp16",
+              "tile_batch": 4}
+    workflow = {k: v for k, v in _workflow().items() if k in ("1", "2", "3")}
+    workflow["6"] = {"class_type": "H3DirectorUpscaleStreaming", "inputs": inputs}
+    workflow["7"] = {"class_type": "PreviewAny", "inputs": {"source": ["6", 2]}}  # the report text
+    result = submit(comfy, workflow)
+    assert result["status"]["status_str"] == "success", json.dumps(result["status"])[:4000]
+    [report] = result["outputs"]["7"]["text"]
+    for line in ("pre-resize: 40x24 area", "post-resize: 60x40 lanczos", "tile batch: 4", "fp16: approximate",
+                 "stage pre-resize:", "stage model:", "stage post-resize:"):
+        assert line in report, report
+    [npy] = sorted((comfy["base"] / "output" / "recipe").glob("frames_*.npy"))
+    frames = np.load(npy)
+    assert frames.shape == (FRAMES, 40, 60, 3)
+    small = resize_frame(torch.from_numpy(comfy["noise"]).permute(2, 0, 1).float() / 255, (H // 2, W // 2), "area")
+    restored = _reference(comfy, small.permute(1, 2, 0)[None].numpy().astype(np.float32), "recipe") / 255.0
+    expected = resize_frame(torch.from_numpy(restored[0]).permute(2, 0, 1).float(), (40, 60), "lanczos")
+    expected = np.round(expected.permute(1, 2, 0).numpy() * 255)
+    # the reference model runs in fp32 and its output was rounded to uint8 before the resize: a few steps
+    assert np.abs(frames[0].astype(int) - expected.astype(int)).max() <= 4

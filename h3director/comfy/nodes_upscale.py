@@ -1,11 +1,15 @@
 """H3Director Upscale (Streaming): ComfyUI's UPSCALE_MODEL over a video frame by frame, tile by tile, straight to a
-file in the output folder (`h3director.video.upscale`), so the upscaled video is never whole in RAM."""
+file in the output folder (`h3director.video.upscale`), so the upscaled video is never whole in RAM; optionally
+resized before the model and after it (restore a 4K video at 1080p, Lanczos back), in fp16/bf16, several tiles per
+call."""
 
 from __future__ import annotations
 
 from comfy_api.latest import io
 
 from h3director.errors import InvalidInputError
+from h3director.video.resize import FILTERS
+from h3director.video.upscale_stages import DTYPES
 
 FORMATS = ("mp4", "npy")
 
@@ -99,6 +103,20 @@ class UpscaleStreaming(io.ComfyNode):
                                tooltip="Frame rate of images / .npy input (a video keeps its own)."),
                 io.Int.Input("crf", default=18, min=0, max=51, tooltip="H.264 quality: 0 lossless, 18 visually lossless."),
                 io.Audio.Input("audio", optional=True, tooltip="Soundtrack muxed into the MP4."),
+                io.String.Input("pre_resize", default="", optional=True,
+                                tooltip="WxH (even): resize each frame before the model, e.g. a 4K video to "
+                                        "1920x1080; empty: off."),
+                io.Combo.Input("pre_resample", options=list(FILTERS), default="area", optional=True,
+                               tooltip="Filter of pre_resize (Pillow, deterministic)."),
+                io.String.Input("post_resize", default="", optional=True,
+                                tooltip="WxH (even): resize each model output to the target size; empty: off."),
+                io.Combo.Input("resample", options=list(FILTERS), default="lanczos", optional=True,
+                               tooltip="Filter of post_resize (Pillow, deterministic)."),
+                io.Combo.Input("dtype", options=list(DTYPES), default="fp32", optional=True,
+                               tooltip="Model dtype: fp16/bf16 are approximate (the report gives the measured "
+                                       "difference from fp32); the loaded model is not changed (a copy runs)."),
+                io.Int.Input("tile_batch", default=1, min=1, max=64, optional=True,
+                             tooltip="Tiles of equal size per model call; halved when a batch runs out of memory."),
             ],
             outputs=[
                 io.String.Output(display_name="path"),
@@ -110,28 +128,35 @@ class UpscaleStreaming(io.ComfyNode):
 
     @classmethod
     def execute(cls, upscale_model, tile, overlap, format, filename_prefix, fps, crf, images=None,
-                source_path="", audio=None) -> io.NodeOutput:
+                source_path="", audio=None, pre_resize="", pre_resample="area", post_resize="",
+                resample="lanczos", dtype="fp32", tile_batch=1) -> io.NodeOutput:
         import comfy.model_management
 
         from h3director.comfy import runtime
         from h3director.comfy.nodes_decode import _progress_callback
         from h3director.integrations.spandrel_models import from_descriptor
-        from h3director.video.upscale import prepare, stream_upscale
+        from h3director.video.upscale import Recipe, prepare, stream_upscale
+        from h3director.video.upscale_stages import parse_dtype
 
         if format not in FORMATS:
             raise InvalidInputError(f"format must be one of {FORMATS}, got {format!r}")
+        pre, post = str(pre_resize or "").strip(), str(post_resize or "").strip()
+        recipe = Recipe.build(pre_resize=pre or None, pre_resample=pre_resample if pre else None,
+                              post_resize=post or None, resample=resample if post else None, tile_batch=tile_batch)
+        run_dtype = parse_dtype(dtype)
         source = _source(images, source_path, float(fps))
         # the model's weights on ComfyUI's device, as Upscale Image (using Model) loads them
         patcher = getattr(upscale_model, "patcher", None)
         if patcher is not None:
             comfy.model_management.load_models_gpu([patcher], force_full_load=True)
-        model = from_descriptor(upscale_model)
-        prepare(model, source, int(tile), _overlap(overlap))                # refusals before any file exists
-        s = model.scale
-        target = runtime.save_target(filename_prefix, source.width * s, source.height * s, format)
+        model = from_descriptor(upscale_model, dtype=run_dtype)
+        prepare(model, source, int(tile), _overlap(overlap), recipe)        # refusals before any file exists
+        height, width = recipe.pre_resize or (source.height, source.width)
+        height, width = recipe.post_resize or (height * model.scale, width * model.scale)
+        target = runtime.save_target(filename_prefix, width, height, format)
         sink, waveform = _sink(target, format, source, audio, int(crf))
         report = stream_upscale(model, source, sink, tile=int(tile), overlap=_overlap(overlap), audio=waveform,
-                                on_frame=_progress_callback(), keep_first=True)
+                                on_frame=_progress_callback(), keep_first=True, recipe=recipe)
         preview = report.first_frame[None].clamp(0, 1) if report.first_frame is not None else None
         return io.NodeOutput(str(report.result), preview, "\n".join(report.lines()))
 

@@ -7,7 +7,8 @@ import json
 
 from h3director.units import format_size
 
-HELP = "Show torch build, devices and free memory, allocator, native core, active config, NVML, and warnings."
+HELP = ("Show torch build, devices and free memory, allocator, native core, active config, NVML, NVIDIA driver and "
+        "CUDA versions, and warnings.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +44,10 @@ def format_environment(env) -> str:
     rows.append(("features", ", ".join(env.features) or "none"))
     rows.extend(("what runs" if index == 0 else "", effect) for index, effect in enumerate(env.level_effects))
     rows.append(("NVML", env.nvml))
+    if env.driver is not None:
+        from h3director.core.driver_gate import driver_lines
+
+        rows.extend(driver_lines(env.driver))
     rows.append(("packages", ", ".join(f"{k} {v}" if v else f"{k} -" for k, v in env.packages.items())))
     text = _table(rows)
     for problem in env.config_problems:

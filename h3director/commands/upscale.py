@@ -1,9 +1,13 @@
-"""`h3director upscale IN --model MODEL.pth|.safetensors --out OUT.mp4|.npy [--tile 512] [--overlap auto|N]`.
+"""`h3director upscale IN --model MODEL.pth|.safetensors --out OUT.mp4|.npy [--tile 512] [--overlap auto|N]
+[--pre-resize WxH [--pre-resample area|lanczos|bicubic]] [--post-resize WxH [--resample lanczos|area|bicubic]]
+[--dtype fp32|fp16|bf16] [--tile-batch N]`.
 
-Upscales a video file or a `.npy` of uint8 frames ``[F, H, W, 3]`` frame by frame, tile by tile, with a spandrel
-upscale model (as ComfyUI loads them), each finished frame straight into the output (`h3director.video.upscale`).
-A video input's audio is copied into a video output unchanged. Every check (output kind, input, model, tiling, an
-existing output) runs before the first frame is written.
+Upscales (or, with a 1x model, restores) a video file or a `.npy` of uint8 frames ``[F, H, W, 3]`` frame by frame,
+tile by tile, with a spandrel model (as ComfyUI loads them), each finished frame straight into the output
+(`h3director.video.upscale`). `--pre-resize` resizes each frame before the model and `--post-resize` each result to
+the target size (restoring a 4K video at 1080p and Lanczos back up). A video input's audio is copied into a video
+output unchanged. Every check (output kind, sizes, filters, dtype, input, model, tiling, an existing output) runs
+before the first frame is read.
 """
 
 from __future__ import annotations
@@ -22,6 +26,19 @@ def add_arguments(parser) -> None:
     parser.add_argument("--overlap", default="auto",
                         help="context each tile gets on every side, input pixels, or 'auto': the model's receptive "
                              "field (exact seams for convolutional models)")
+    parser.add_argument("--pre-resize", default=None, metavar="WxH",
+                        help="resize each frame to WxH before the model (even sides), e.g. a 4K video to 1920x1080")
+    parser.add_argument("--pre-resample", default=None, metavar="FILTER",
+                        help="filter of --pre-resize: area (default), lanczos or bicubic (Pillow, deterministic)")
+    parser.add_argument("--post-resize", default=None, metavar="WxH",
+                        help="resize each model output to WxH (even sides), the target size")
+    parser.add_argument("--resample", default=None, metavar="FILTER",
+                        help="filter of --post-resize: lanczos (default), area or bicubic (Pillow, deterministic)")
+    parser.add_argument("--dtype", default="fp32",
+                        help="model dtype: fp32 (default), fp16 or bf16 (approximate: the report gives the measured "
+                             "difference from fp32)")
+    parser.add_argument("--tile-batch", default="1", metavar="N",
+                        help="tiles of equal size per model call (1); a batch that runs out of memory is halved")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps")
     parser.add_argument("--fps", type=float, default=None, help="frame rate of a .npy input (24) or an override")
     parser.add_argument("--crf", type=int, default=18, help="libx264 CRF of a video output (18; 0 = lossless)")
@@ -49,26 +66,30 @@ def run(args) -> int:
     from h3director.errors import InvalidInputError
     from h3director.integrations.spandrel_models import load_upscale_model
     from h3director.video.sinks import file_sink_for
-    from h3director.video.upscale import job_key, prepare, stream_upscale
+    from h3director.video.upscale import Recipe, job_key, prepare, stream_upscale
     from h3director.video.upscale_audio import AudioCopyVideoSink
     from h3director.video.upscale_sources import open_source
+    from h3director.video.upscale_stages import parse_dtype
 
     out = _check_output(args)
+    recipe = Recipe.build(pre_resize=args.pre_resize, pre_resample=args.pre_resample, post_resize=args.post_resize,
+                          resample=args.resample, tile_batch=args.tile_batch)
+    dtype = parse_dtype(args.dtype)
     if args.overlap != "auto":
         try:
             args.overlap = int(args.overlap)
         except ValueError:
             raise InvalidInputError(f"--overlap must be 'auto' or a number of pixels, got {args.overlap!r}") from None
     source = open_source(args.input, fps=args.fps)
-    model = load_upscale_model(args.model, device=args.device)
-    overlap, _, exact = prepare(model, source, args.tile, args.overlap)
+    model = load_upscale_model(args.model, device=args.device, dtype=dtype)
+    overlap, _, exact = prepare(model, source, args.tile, args.overlap, recipe)
     if out.suffix.lower() == ".npy":
-        sink = file_sink_for(out, resume=args.resume, job=job_key(model, source, args.tile, overlap, exact))
+        sink = file_sink_for(out, resume=args.resume, job=job_key(model, source, args.tile, overlap, exact, recipe))
     elif source.audio_path is not None:
         sink = AudioCopyVideoSink(out, source.audio_path, fps=source.fps, crf=args.crf)
     else:
         sink = file_sink_for(out, fps=source.fps, crf=args.crf)
-    report = stream_upscale(model, source, sink, tile=args.tile, overlap=args.overlap)
+    report = stream_upscale(model, source, sink, tile=args.tile, overlap=args.overlap, recipe=recipe)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))
     else:

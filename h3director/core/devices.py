@@ -189,6 +189,12 @@ def _nvml():
     return pynvml
 
 
+def nvml_module():
+    """The initialised `pynvml` module (nvidia-ml-py), or None when it is not installed or no NVIDIA driver
+    answers."""
+    return _nvml()
+
+
 def nvml_available() -> bool:
     """True when nvidia-ml-py is installed and an NVIDIA driver answers."""
     return _nvml() is not None

@@ -1,4 +1,5 @@
-"""What `h3director doctor` reports: the torch build, devices, allocator, native core, config, NVML,
+"""What `h3director doctor` reports: the torch build, devices, allocator, native core, config, NVML, the NVIDIA
+driver and CUDA versions (with the seed's driver floors and known-bad pairing, `h3director.core.driver_gate`),
 and concrete warnings. Plain data (`Environment.to_dict`), so the ComfyUI panel can show the same.
 
 Collecting reads devices through `h3director.core.devices`; for CUDA it calls ``mem_get_info``,
@@ -18,6 +19,7 @@ from typing import Any
 
 from h3director import __version__
 from h3director.core import devices
+from h3director.core.driver_gate import DriverInfo, collect_driver_info
 from h3director.errors import ConfigError, install_command
 from h3director.units import format_size
 
@@ -56,6 +58,7 @@ class Environment:
     packages: dict[str, str | None]
     warnings: list[str] = field(default_factory=list)
     level_effects: list[str] = field(default_factory=list)  # what the memory level does, one line each
+    driver: DriverInfo | None = None  # NVIDIA driver / CUDA versions and their gate (h3director.core.driver_gate)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -206,6 +209,7 @@ def collect(config_path: str | None = None) -> Environment:
         level_effects=effects,
         nvml=nvml,
         packages=_packages(),
+        driver=collect_driver_info(),
     )
 
     # --- concrete warnings ----------------------------------------------------------------
@@ -227,6 +231,7 @@ def collect(config_path: str | None = None) -> Environment:
     if torch.backends.mps.is_available() and not _mps_int8_matmul_supported(torch):
         warnings.append("int8 matmul (aten::_int_mm) is not implemented on MPS: int8 checkpoints (e.g. the pruned "
                         "int8_convrot DiT) will not run on this Mac; use bf16/fp16 or GGUF weights")
+    warnings.extend(env.driver.warnings)
     if env.build == "CPU" and devices.nvml_available():
         warnings.append("an NVIDIA GPU is present but this torch is a CPU-only build: install a CUDA build of torch")
     gpus = [d for d in env.devices if d.device != "cpu"]

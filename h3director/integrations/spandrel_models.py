@@ -10,6 +10,7 @@ attention, channel attention with global pooling, ...) is treated as not exact a
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 
@@ -51,10 +52,40 @@ def check_upscaler(descriptor, what: str) -> None:
             "(expected scale >= 1, 3 and 3)")
 
 
+def _wrap(descriptor) -> UpscaleModel:
+    """A plain `UpscaleModel` of `descriptor` where its weights are (no field derivation): a float32 reference."""
+    params = next(descriptor.model.parameters(), None)
+    return UpscaleModel(descriptor, int(descriptor.scale), name=descriptor.architecture.name,
+                        device=params.device if params is not None else torch.device("cpu"),
+                        dtype=params.dtype if params is not None else torch.float32)
+
+
 def from_descriptor(descriptor, *, device: torch.device | str | None = None,
                     dtype: torch.dtype | None = None) -> UpscaleModel:
-    """An `UpscaleModel` calling the spandrel descriptor (which clamps to [0, 1] and pads to its size rule)."""
+    """An `UpscaleModel` calling the spandrel descriptor (which clamps to [0, 1] and pads to its size rule).
+
+    With a `dtype` other than the weights' own, the model that runs is a copy in that dtype (on `device`) and the
+    caller's descriptor is left as it is, kept as the `reference` the run measures its difference against (so
+    ComfyUI's loaded UPSCALE_MODEL is never changed; host or device holds both while the run lasts). Refused
+    (`InvalidInputError`) before any frame: a dtype spandrel marks the architecture as not supporting
+    (``supports_half`` / ``supports_bfloat16``), a device without it, a model that does not run in it
+    (`h3director.video.upscale.check_dtype_runs`)."""
+    from h3director.video.upscale import check_dtype_runs
+    from h3director.video.upscale_stages import dtype_name, dtype_refusal
+
     check_upscaler(descriptor, "the model")
+    first = next(descriptor.model.parameters(), None)
+    reference = None
+    if dtype is not None and first is not None and dtype != first.dtype:
+        reason = dtype_refusal(device if device is not None else first.device, dtype)
+        if reason is not None:
+            raise InvalidInputError(f"--dtype {dtype_name(dtype)}: {reason}; use --dtype fp32")
+        supported = {torch.float16: descriptor.supports_half, torch.bfloat16: descriptor.supports_bfloat16}
+        if not supported.get(dtype, True):
+            raise InvalidInputError(f"--dtype {dtype_name(dtype)}: spandrel marks {descriptor.architecture.name} as "
+                                    f"not supporting {dtype_name(dtype)}; use --dtype fp32")
+        reference = _wrap(descriptor.eval())
+        descriptor = copy.deepcopy(descriptor)
     if device is not None or dtype is not None:
         descriptor.to(device=device, dtype=dtype)
     descriptor.eval()
@@ -63,6 +94,8 @@ def from_descriptor(descriptor, *, device: torch.device | str | None = None,
     params = next(descriptor.model.parameters(), None)
     run_device = params.device if params is not None else torch.device("cpu")
     run_dtype = params.dtype if params is not None else torch.float32
+    check_dtype_runs(descriptor, descriptor.architecture.name, run_device, run_dtype,
+                     max(16, alignment * 4, int(descriptor.size_requirements.minimum)))
     exact = arch in EXACT_ARCHITECTURES
     radius = None
     if exact:
@@ -71,20 +104,25 @@ def from_descriptor(descriptor, *, device: torch.device | str | None = None,
         radius, alignment = info.radius, max(alignment, info.alignment)
         exact = info.convolutional
     return UpscaleModel(descriptor, int(descriptor.scale), radius, exact, f"{descriptor.architecture.name} "
-                        f"{descriptor.scale}x", alignment, run_device, run_dtype, descriptor.model)
+                        f"{descriptor.scale}x", alignment, run_device, run_dtype, descriptor.model,
+                        reference=reference)
 
 
-def load_upscale_model(path: str | os.PathLike, *, device: torch.device | str = "cpu") -> UpscaleModel:
-    """Load `path` (.pth, .pt, .ckpt or .safetensors) with spandrel and wrap it; bad files are `InvalidInputError`."""
+def load_upscale_model(path: str | os.PathLike, *, device: torch.device | str = "cpu",
+                       dtype: torch.dtype | None = None) -> UpscaleModel:
+    """Load `path` (.pth, .pt, .ckpt or .safetensors) with spandrel and wrap it, run on `device` in `dtype` (None:
+    the file's; another dtype keeps a float32 reference on the CPU, see `from_descriptor`); bad files are
+    `InvalidInputError`."""
     source = Path(path)
     if not source.is_file():
         raise InvalidInputError(f"{source}: no such model file")
     spandrel = import_spandrel()
     try:
-        descriptor = spandrel.ModelLoader(device=torch.device(device)).load_from_file(str(source))
+        descriptor = spandrel.ModelLoader(device=torch.device("cpu" if dtype is not None else device)
+                                          ).load_from_file(str(source))
     except spandrel.UnsupportedModelError:
         raise InvalidInputError(f"{source}: not a model architecture spandrel knows (not an upscaler?)") from None
     except Exception as exc:  # noqa: BLE001 - spandrel and torch raise many kinds for a malformed file
         raise InvalidInputError(f"{source}: cannot load the model ({type(exc).__name__}: {exc})") from None
     check_upscaler(descriptor, str(source))
-    return from_descriptor(descriptor)
+    return from_descriptor(descriptor, device=device, dtype=dtype)

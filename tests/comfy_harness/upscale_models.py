@@ -4,7 +4,8 @@ Runs in the ComfyUI environment (spandrel needs torchvision), as a script:
 
     python upscale_models.py write FOLDER          writes the models in `MODELS` (and two files that are no upscaler)
     python upscale_models.py reference MODEL IN.npy OUT.npy
-                                                   the untiled float32 output [F, H*s, W*s, 3] of MODEL on uint8 IN
+                                                   the untiled float32 output [F, H*s, W*s, 3] of MODEL on IN
+                                                   (uint8, or float32 in [0, 1])
     python upscale_models.py batch CASES.json      runs each case in one process (spandrel imported once) and
                                                    prints a JSON list of {"rc", "stdout", "stderr"}; a case is
                                                    ["cli", ARG, ...] (`h3director` arguments) or ["reference", ...]
@@ -31,18 +32,22 @@ MODELS = {
     "realplksr_x2": ("RealPLKSR", dict(dim=16, n_blocks=2, upscaling_factor=2, kernel_size=9, split_ratio=0.25),
                      ".safetensors"),
     "compact_gray_x2": ("Compact", dict(num_in_ch=1, num_out_ch=1, num_feat=8, num_conv=2, upscale=2), ".pth"),
+    # 1x restoration models: a RealESRGAN Compact at scale 1, and a DnCNN (spandrel: supports_half=False)
+    "compact_x1": ("Compact", dict(num_in_ch=3, num_out_ch=3, num_feat=16, num_conv=4, upscale=1), ".safetensors"),
+    "dncnn_rgb": ("DnCNN", dict(in_nc=3, out_nc=3, nc=8, nb=8, act_mode="R"), ".safetensors"),
 }
 NOT_UPSCALERS = ("compact_gray_x2",)
 
 
 def build(name: str, seed: int = 0) -> torch.nn.Module:
     from spandrel.architectures.Compact import Compact
+    from spandrel.architectures.DnCNN import DnCNN
     from spandrel.architectures.ESRGAN import ESRGAN
     from spandrel.architectures.PLKSR import PLKSR, RealPLKSR
 
     arch, kwargs, _ = MODELS[name]
     torch.manual_seed(seed)
-    classes = {"ESRGAN": ESRGAN, "Compact": Compact, "PLKSR": PLKSR, "RealPLKSR": RealPLKSR}
+    classes = {"ESRGAN": ESRGAN, "Compact": Compact, "PLKSR": PLKSR, "RealPLKSR": RealPLKSR, "DnCNN": DnCNN}
     return classes[arch](**kwargs).eval()
 
 
@@ -68,7 +73,8 @@ def reference(model_path: str, frames_path: str, out_path: str) -> None:
     outputs = []
     with torch.inference_mode():
         for frame in frames:
-            image = torch.from_numpy(np.array(frame)).permute(2, 0, 1)[None].float() / 255
+            image = torch.from_numpy(np.array(frame)).permute(2, 0, 1)[None].float()
+            image = image / 255 if frame.dtype == np.uint8 else image  # float32 frames are in [0, 1] already
             outputs.append(descriptor(image)[0].permute(1, 2, 0).numpy())
     np.save(out_path, np.stack(outputs).astype(np.float32))
 
