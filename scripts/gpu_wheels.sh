@@ -13,6 +13,8 @@ pins() {
     for name in diffusers gguf pydantic pydantic-core annotated-types typing-inspection importlib-metadata; do
         echo "$name==$(version "$name")"
     done
+    # spandrel (the upscale recipe's models) lives in the ComfyUI test environment, not in .venv
+    .comfy/venv/bin/python -c "import importlib.metadata as m; print('spandrel==' + m.version('spandrel'))" 2>/dev/null || true
 }
 mkdir -p .whl
 platforms=()
