@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--placement-policy", default=None, choices=("auto", "resident", "phased"),
                         help="with --devices: components stay loaded (resident), are loaded per phase (phased), "
                              "or the better of both (auto, default)")
-    parser.add_argument("--target", default="comfyui", choices=("comfyui", "diffusers"),
+    parser.add_argument("--target", default=None, choices=("comfyui", "diffusers"),
                         help="where the settings run: ComfyUI nodes (default) or the diffusers library; only "
                              "settings with a node or call there are recommended, each printed with it")
     parser.add_argument("--json", action="store_true", help="print JSON for machines")

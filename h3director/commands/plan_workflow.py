@@ -3,6 +3,9 @@
 - `--workflow OUT.json`: the ComfyUI API-format workflow of the recommendation (plan/workflow_comfy.py) with the
   user's model file names `--dit`, `--text-encoder`, `--vae`, `--audio-vae` (not with `--no-audio`); `--image
   NAME` makes it image-to-video (the first frame, a file in ComfyUI's input folder, counted as one keyframe).
+- `--diffusers OUT.py` (target diffusers): the Python script that runs the plan with diffusers
+  (plan/workflow_diffusers.py), `--dit` a transformer folder or a .gguf, `--vae`/`--audio-vae` VAE folders,
+  `--text-encoder` a Qwen3-VL folder (optional: the script then takes `--prompt-embeds`).
 - `--staged [--draft WxH] [--draft-fps N] [--refine-denoise D]`: prices a video-only draft and the full-size
   refinement separately (plan/staged.py); with `--workflow OUT.json` it writes OUT.stage1.json and
   OUT.stage2.json.
@@ -28,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out = parser.add_argument_group("write what runs the plan")
     out.add_argument("--workflow", default=None, metavar="OUT.json",
                      help="write the ComfyUI API-format workflow (with --staged: OUT.stage1.json, OUT.stage2.json)")
+    out.add_argument("--diffusers", default=None, metavar="OUT.py",
+                     help="write the Python script that runs the plan with diffusers (plans for --target diffusers; "
+                          "--dit, --vae, --audio-vae, --text-encoder then name diffusers folders or a .gguf DiT)")
     out.add_argument("--dit", default=None, help="DiT file as ComfyUI lists it (.safetensors; .gguf with --weights "
                                                  "naming its quantisation)")
     out.add_argument("--text-encoder", default=None, help="text encoder file (models/text_encoders)")
@@ -57,17 +63,26 @@ def check_args(args: argparse.Namespace) -> None:
     from h3director.core.atomic_file import check_output_path
     from h3director.plan.workflow_comfy import dit_file_kind
 
-    writing = args.workflow is not None
+    if args.diffusers is not None:
+        if args.workflow is not None or args.staged or args.image or args.devices is not None:
+            raise InvalidInputError("--diffusers writes one text-to-video script for one device: not with "
+                                    "--workflow, --staged, --image or --devices")
+        if args.target == "comfyui":
+            raise InvalidInputError("--diffusers plans for --target diffusers, not comfyui")
+        args.target = "diffusers"
+        check_output_path(args.diffusers, (".py",), "plan --diffusers")
+    args.target = args.target or "comfyui"
+    writing = args.workflow is not None or args.diffusers is not None
     if not writing and _given(args, FILE_FLAGS):
         raise InvalidInputError(f"{', '.join(_given(args, FILE_FLAGS))} go into a written workflow: "
-                                "give --workflow OUT.json")
+                                "give --workflow OUT.json or --diffusers OUT.py")
     if args.no_audio and args.audio_vae:
         raise InvalidInputError("--audio-vae with --no-audio: a plan without audio loads no audio VAE")
     if not args.staged and _given(args, STAGED_FLAGS):
         raise InvalidInputError(f"{', '.join(_given(args, STAGED_FLAGS))} describe the draft of --staged")
-    if getattr(args, "target", "comfyui") != "comfyui" and (writing or args.staged):
+    if args.target != "comfyui" and (args.workflow is not None or args.staged):
         raise InvalidInputError("--workflow and --staged write ComfyUI workflows: they plan for --target comfyui")
-    if args.devices is not None and (writing or args.staged):
+    if args.devices is not None and (args.workflow is not None or args.staged):
         raise InvalidInputError("--workflow and --staged plan one device: give --vram or --device, not --devices")
     if args.refs and writing:
         raise InvalidInputError("the workflow writer covers text-to-video and image-to-video (--image); "
@@ -87,6 +102,13 @@ def formats(args: argparse.Namespace) -> list[str] | None:
     from h3director.plan.formats import weight_format
     from h3director.plan.workflow_comfy import dit_file_kind, loadable_formats
 
+    if args.diffusers:
+        if args.weights:
+            return [weight_format(args.weights).name]
+        if args.dit and str(args.dit).lower().endswith(".gguf"):
+            raise InvalidInputError(f"--dit {args.dit} is a GGUF file: say which quantisation it holds with "
+                                    f"--weights ({', '.join(GGUF_TYPES)})")
+        return ["bf16", "fp8"]                      # what a diffusers transformer folder loads as
     if args.weights:
         fmt = weight_format(args.weights).name
         if args.workflow and not loadable_formats([fmt], "comfyui"):
@@ -133,9 +155,30 @@ def _config_lines(workflow) -> list[str]:
     return [f"  h3_config.yaml: {key}: {value} (no node applies it)" for key, value in workflow.config.items()]
 
 
+def _write_diffusers(args: argparse.Namespace, advice) -> list[str]:
+    """`--diffusers OUT.py`: the script of a one-pass plan (refusing bad input first), written atomically."""
+    import shlex
+    import sys
+
+    from h3director.core.atomic_file import atomic_path
+    from h3director.plan.workflow_diffusers import DiffusersFiles, diffusers_script
+
+    _single_pass(advice)
+    files = DiffusersFiles(dit=args.dit, vae=args.vae, audio_vae=args.audio_vae, text_encoder=args.text_encoder)
+    script = diffusers_script(advice.request, files, prompt=args.prompt or "", seed=42 if args.seed is None else args.seed,
+                              steps=30 if args.steps is None else args.steps,
+                              command="h3director " + shlex.join(sys.argv[1:]))
+    final = Path(args.diffusers).expanduser().absolute()
+    with atomic_path(final) as tmp:
+        Path(tmp).write_text(script)
+    return [f"Wrote {final}"]
+
+
 def write_outputs(args: argparse.Namespace, advice) -> list[str]:
-    """With `--workflow`: build the workflow of a one-pass plan (refusing bad input first), then write it;
-    returns the lines to print."""
+    """With `--workflow` (or `--diffusers`): build what runs a one-pass plan (refusing bad input first), then
+    write it; returns the lines to print."""
+    if args.diffusers:
+        return _write_diffusers(args, advice)
     if not args.workflow:
         return []
     from h3director.plan.workflow_comfy import comfy_workflow
