@@ -8,6 +8,7 @@ garbage; the ledger must report exactly the first, with its growth within 10% an
 from __future__ import annotations
 
 import gc
+import json
 import logging
 
 import pytest
@@ -173,3 +174,38 @@ def test_bad_arguments_are_refused():
         ledger.end()
     with pytest.raises(InvalidInputError, match="non-empty string"):
         ledger.begin("")
+
+
+def test_workflow_key_follows_the_graph_not_the_literal_values():
+    from h3director.comfy.prompt_ledger import prompt_label, workflow_key
+
+    prompt = {"1": {"class_type": "KSampler", "inputs": {"seed": 1, "model": ["2", 0]}},
+              "2": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "a.safetensors"}}}
+    reseeded = json.loads(json.dumps(prompt))
+    reseeded["1"]["inputs"]["seed"] = 2
+    reseeded["2"]["inputs"]["ckpt_name"] = "b.safetensors"
+    rewired = json.loads(json.dumps(prompt))
+    rewired["1"]["inputs"]["model"] = ["3", 0]
+    renamed = json.loads(json.dumps(prompt))
+    renamed["2"]["class_type"] = "UNETLoader"
+    assert workflow_key(prompt) == workflow_key(reseeded)
+    assert len({workflow_key(prompt), workflow_key(rewired), workflow_key(renamed)}) == 3
+    assert prompt_label("0123456789", prompt) == "prompt 01234567: KSampler, CheckpointLoaderSimple"
+
+
+def test_the_stats_ledger_is_null_when_the_switch_is_off():
+    from h3director.comfy import prompt_ledger
+    from h3director.core.config import validate_config
+
+    on, off = validate_config({}), validate_config({"monitor": {"prompt_ledger": False}})
+    assert on.monitor.prompt_ledger and on.monitor.leak_prompts == 3 and on.monitor.leak_min_growth_mb == 16
+    ledger = prompt_ledger.make_ledger(on, ["cpu"])
+    assert ledger.rule == LeakRule(jobs=3, min_growth_bytes=16 * MiB) and ledger.unit == "prompt"
+    previous = prompt_ledger._ledger
+    prompt_ledger._ledger = ledger
+    try:
+        assert prompt_ledger.ledger_payload(off) is None
+        payload = prompt_ledger.ledger_payload(on)
+        assert payload["rule"] == {"jobs": 3, "min_growth_bytes": 16 * MiB} and payload["jobs"] == []
+    finally:
+        prompt_ledger._ledger = previous
