@@ -30,14 +30,15 @@ Growth of one job is charged to that job's key, so another workflow run in betwe
 is blamed for it. The leak's ``growth_per_job_bytes`` is the mean growth of its jobs; it stays active while
 the key's jobs keep growing, and is logged once (a WARNING on ``logger``), when first found, with its numbers.
 
-Cost. A job's readings are two RSS reads, two device samples and two walks of the kept objects. When a
-step exceeds the floor (a leak is suspected), the end does more: ``gc.collect()`` and a new reading (so
-garbage waiting for the collector is not taken for a leak), then a census of every live tensor
-(`TensorCensus`, one pass over the heap). The censuses of two suspected jobs of one key give the storages
-that are new since the earlier;
-the largest become the leak's ``suspects``, each with its holder as far as Python can see
-(`h3director.core.tensor_owners`), a few more passes over the heap. Suspects need the census of the job
-before: with ``rule.jobs >= 3`` the leak has them when it is first reported.
+Cost. A job's readings are two RSS reads, two device samples and two walks of the kept objects. When a job
+that is not its key's first grew by the floor or more (a leak is suspected), the end does more:
+``gc.collect()`` and a new reading (so garbage waiting for the collector is not taken for a leak), then a
+census of every live tensor (`TensorCensus`, one pass over the heap). The censuses of two suspected jobs of
+one key give the storages that are new since the earlier; the largest become the leak's ``suspects``, each
+with its holder as far as Python can see (`h3director.core.tensor_owners`), a few more passes over the
+heap. Suspects need the census of the job before: with ``rule.jobs >= 3`` the leak has them when it is
+first reported. Once every leaking series of a key has suspects, later suspected jobs skip the census (the
+collection stays, so a leak's numbers stay honest).
 """
 
 from __future__ import annotations
@@ -275,14 +276,15 @@ class MemoryLedger:
         start = record.start.unexplained()
         reading = self.read()
         steps = _steps(start, reading.unexplained())
-        if any(step >= self.rule.min_growth_bytes for step in steps.values()):
+        # a key's first job is only the baseline of its window: its growth is never suspected
+        if run and any(step >= self.rule.min_growth_bytes for step in steps.values()):
             gc.collect()  # garbage that waits for the collector is not a leak
             reading = self.read()
             steps = _steps(start, reading.unexplained())
             record.collected = True
         record.end, record.status, record.steps = reading, status, steps
         run = [*run, record][-self.rule.jobs:]
-        suspected = [series for series, step in steps.items() if step >= self.rule.min_growth_bytes]
+        suspected = [series for series, step in steps.items() if run and step >= self.rule.min_growth_bytes]
         census = self._take_census(record, suspected)
         leaking = [series for series in suspected if self._leaks_now(run, series)]
         new_leaks: list[Leak] = []
