@@ -96,10 +96,12 @@ def main() -> None:
                 ledger = json.loads(http_get(f"{comfy['url']}/h3director/stats")[1])["ledger"]
                 jobs = ledger["jobs"][-args.prompts:]
                 rows.append((phase, walls, jobs, ledger["leaks"]))
-    print(f"Machine: {platform.node()}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-          f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; --prompts {args.prompts}\n")
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    print(f"Machine: {platform.node()}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"load average {load}; {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+          f"--prompts {args.prompts}\n")
     print("| phase | prompt wall (s), median | ledger (ms) per prompt, median | ledger (ms), max | "
-          "prompts collected + censused | leaks reported |")
+          "prompts with a suspected leak (collection) | leaks reported |")
     print("|---|---|---|---|---|---|")
     for phase, walls, jobs, leaks in rows:
         overhead = [1000 * job["overhead_s"] for job in jobs]
