@@ -10,8 +10,9 @@ VAEs of `real_node`), `--cache-lru 64`, and runs, in order:
 3. ``leak``: a node that leaks 64 MiB per prompt into a module list, ``--prompts`` times (from the second
    prompt on the ledger suspects a leak: it collects garbage, takes a tensor census and names the owners).
 
-For each phase: the ledger's own seconds per prompt (`JobRecord.overhead_s`: both readings, and at a suspected
-leak the collection, census and owner search), against the prompt's wall time from ComfyUI's
+For each phase: the ledger's own time per prompt (`JobRecord.overhead_s`, wall, and `overhead_cpu_s`, CPU of the
+prompt worker thread: both readings, and at a suspected leak the collection, census and owner search),
+against the prompt's wall time from ComfyUI's
 `execution_start` to its last status message. Timings are from one run on the machine it prints.
 
 Run:  .venv/bin/python bench/ledger_overhead.py [--prompts 6]
@@ -100,16 +101,17 @@ def main() -> None:
     print(f"Machine: {platform.node()}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"load average {load}; {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
           f"--prompts {args.prompts}\n")
-    print("| phase | prompt wall (s), median | ledger (ms) per prompt, median | ledger (ms), max | "
-          "prompts with a suspected leak (collection) | leaks reported |")
+    print("| phase | prompt wall (s), median | ledger wall (ms) per prompt, median / max | "
+          "ledger CPU (ms) per prompt, median / max | prompts with a suspected leak (collection) | leaks reported |")
     print("|---|---|---|---|---|---|")
     for phase, walls, jobs, leaks in rows:
-        overhead = [1000 * job["overhead_s"] for job in jobs]
+        wall = [1000 * job["overhead_s"] for job in jobs]
+        cpu = [1000 * job["overhead_cpu_s"] for job in jobs]
         collected = sum(job["collected"] for job in jobs)
         keys = {job["key"] for job in jobs}
         found = [leak for leak in leaks if leak["key"] in keys]
-        print(f"| {phase} | {statistics.median(walls):.3f} | {statistics.median(overhead):.1f} | {max(overhead):.1f} | "
-              f"{collected} of {len(jobs)} | {len(found)} |")
+        print(f"| {phase} | {statistics.median(walls):.3f} | {statistics.median(wall):.1f} / {max(wall):.1f} | "
+              f"{statistics.median(cpu):.1f} / {max(cpu):.1f} | {collected} of {len(jobs)} | {len(found)} |")
 
 
 if __name__ == "__main__":

@@ -118,8 +118,10 @@ class JobRecord:
     """One job: ``index`` (0, 1, ... in this ledger), ``key`` (jobs with one key in a row form a run),
     ``label``, readings at ``start`` and ``end``, ``status``, ``steps`` (series -> net unexplained growth of
     the job, end minus start, bytes), ``collected`` (True when a
-    suspected leak made the end run ``gc.collect()`` before its reading), ``overhead_s`` (seconds the ledger
-    itself spent on this job: both readings, and at a suspected leak the collection, census and owners)."""
+    suspected leak made the end run ``gc.collect()`` before its reading), ``overhead_s`` (wall seconds the
+    ledger itself spent on this job: both readings, and at a suspected leak the collection, census and
+    owners; waits for the GIL included) and ``overhead_cpu_s`` (the CPU seconds of the same, in the job's
+    thread)."""
 
     index: int
     key: str
@@ -130,6 +132,7 @@ class JobRecord:
     steps: dict[str, int] = field(default_factory=dict)
     collected: bool = False
     overhead_s: float = 0.0
+    overhead_cpu_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -256,10 +259,11 @@ class MemoryLedger:
         """Start a job of ``key`` (reads memory). A job begun and never ended is replaced by this one."""
         if not key or not isinstance(key, str):
             raise InvalidInputError(f"a job key must be a non-empty string, got {key!r}")
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.thread_time()
         reading = self.read()
         with self._lock:
-            record = JobRecord(self._count, key, label, reading, overhead_s=time.perf_counter() - began)
+            record = JobRecord(self._count, key, label, reading, overhead_s=time.perf_counter() - began,
+                               overhead_cpu_s=time.thread_time() - began_cpu)
             self._count += 1
             self._current = record
         return record
@@ -270,7 +274,7 @@ class MemoryLedger:
             record = self._current
         if record is None:
             raise InvalidInputError("MemoryLedger.end() without a job begun: call begin(key) first")
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.thread_time()
         with self._lock:
             run = list(self._runs.get(record.key, []))
         start = record.start.unexplained()
@@ -317,6 +321,7 @@ class MemoryLedger:
             while len(self._censuses) > MAX_CENSUSES:
                 del self._censuses[next(iter(self._censuses))]
         record.overhead_s += time.perf_counter() - began
+        record.overhead_cpu_s += time.thread_time() - began_cpu
         for leak in new_leaks:
             if (leak.key, leak.series) not in self._logged:
                 self._logged.add((leak.key, leak.series))
