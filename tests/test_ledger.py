@@ -93,6 +93,7 @@ def test_a_leak_is_reported_within_three_jobs_with_its_growth_and_holder(caplog)
         if i == 2:
             assert len(ledger.leaks) == 1, [r.steps for r in ledger.records]
     (leak,) = ledger.leaks
+    assert not ledger.records[0].collected and all(r.collected for r in ledger.records[1:])  # job 0: baseline only
     assert leak.series == HOST and leak.key == "render" and leak.active and leak.first_job == 0
     assert len(leak.steps) == 4
     assert abs(leak.growth_per_job_bytes - STEP) <= 0.1 * STEP, leak.steps

@@ -280,15 +280,16 @@ class MemoryLedger:
         start = record.start.unexplained()
         reading = self.read()
         steps = _steps(start, reading.unexplained())
-        # a key's first job is only the baseline of its window: its growth is never suspected
-        if run and any(step >= self.rule.min_growth_bytes for step in steps.values()):
+        baseline_only = not run  # a key's first job is only the baseline of its window: never suspected
+        if not baseline_only and any(step >= self.rule.min_growth_bytes for step in steps.values()):
             gc.collect()  # garbage that waits for the collector is not a leak
             reading = self.read()
             steps = _steps(start, reading.unexplained())
             record.collected = True
         record.end, record.status, record.steps = reading, status, steps
         run = [*run, record][-self.rule.jobs:]
-        suspected = [series for series, step in steps.items() if run and step >= self.rule.min_growth_bytes]
+        suspected = [series for series, step in steps.items()
+                     if not baseline_only and step >= self.rule.min_growth_bytes]
         census = self._take_census(record, suspected)
         leaking = [series for series in suspected if self._leaks_now(run, series)]
         new_leaks: list[Leak] = []
@@ -315,8 +316,8 @@ class MemoryLedger:
                 del self._runs[next(iter(self._runs))]
             self._current = None
             leaking_now = [self._active[record.key, series] for series in leaking]
-        self._name_suspects(census, self._censuses.pop(record.key, None), leaking_now)
-        if census is not None:  # the census of a suspected job: the baseline of the key's next job
+        if census is not None:  # the census of a suspected job: the baseline of the key's next one
+            self._name_suspects(census, self._censuses.pop(record.key, None), leaking_now)
             self._censuses[record.key] = census
             while len(self._censuses) > MAX_CENSUSES:
                 del self._censuses[next(iter(self._censuses))]
