@@ -13,7 +13,8 @@ within 10% of ``--leak-mib``, the largest suspect on ``cuda:0`` held by ``LEAKED
 while its kept bytes on ``cuda:0`` grow by ``--leak-mib`` per job. Recorded: every job's allocated and reserved
 bytes (reserved is an estimate under cudaMallocAsync, flagged), its growth per series and the ledger's own
 seconds. Without a GPU it exits 2; ``--smoke`` runs the same on the CPU (the ``host`` series) to check the
-plumbing. JSON goes to --out, else $OUT/ledger_cuda.json, else ./ledger_cuda.json.
+plumbing, with glibc's mmap threshold pinned at 1 MiB (`h3director.core.host_heap`), so that freed scratch
+buffers of the model's forward leave the RSS instead of creeping it up by a few MiB per job. JSON goes to --out, else $OUT/ledger_cuda.json, else ./ledger_cuda.json.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 import torch
 
 from h3director.core.devices import cuda_allocator_backend
+from h3director.core.host_heap import pin_mmap_threshold
 from h3director.core.ledger import HOST, KeptMemory, LeakRule, MemoryLedger
 
 MiB = 1024 * 1024
@@ -90,6 +92,8 @@ def main() -> None:
         print("no CUDA device: run on a GPU machine, or --smoke on the CPU", file=sys.stderr)
         sys.exit(2)
     device = "cpu" if args.smoke else "cuda:0"
+    if args.smoke:
+        pin_mmap_threshold(1 * MiB)
     results = {"torch": torch.__version__, "device": device,
                "allocator": None if args.smoke else cuda_allocator_backend(),
                "leak": scenario("leak", device, args.leak_mib, args.jobs),
