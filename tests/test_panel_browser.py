@@ -11,7 +11,8 @@ scripts/setup_browser.sh once and skips, saying why, only if they are still miss
 Checks: the "H3 Memory" sidebar tab opens the panel; its numbers are present and the sample count
 grows; a prompt queued with the page's client id (as the page itself queues) shows the running node's
 title in the panel while it runs and leaves it marked in the recorded samples; the pool heatmap has one
-cell per slot. A screenshot is kept in the test's folder, and copied to $H3DIRECTOR_PANEL_SCREENSHOT when set
+cell per slot; three prompts of a node leaking 64 MiB each (tests/comfy_harness/ledger_real_node) show as a
+leak in red in the panel's prompt ledger. A screenshot is kept in the test's folder, and copied to $H3DIRECTOR_PANEL_SCREENSHOT when set
 (docs/img/panel.png was made that way). The route's own switches (monitor off, unknown parameters) are
 checked in-process below, without a server.
 """
@@ -65,7 +66,8 @@ def browser_ready():
 def panel_server(tmp_path_factory):
     base = prepare_base(tmp_path_factory.mktemp("comfy-panel-base"), ["models/vae"],
                         {"h3director_test_nodes": HARNESS / "real_node",
-                         "h3director_panel_nodes": HARNESS / "panel_real_node"})
+                         "h3director_panel_nodes": HARNESS / "panel_real_node",
+                         "h3director_ledger_test_nodes": HARNESS / "ledger_real_node"})
     vae_nodes = base / "custom_nodes" / "h3director_test_nodes"
     shutil.copy(HARNESS / "real_comfy.py", vae_nodes / "real_comfy.py")
     write_tiny_vae_weights(base, vae_nodes)
@@ -202,6 +204,29 @@ def test_panel_shows_live_memory_and_marks_the_running_node(panel_server, driver
     states = _attributes(driver, '.h3d-heatmap[data-device="cpu"] [data-state]', "data-state")
     assert states.count("free") + states.count("leased") == POOL_SLOTS, states
     assert "fallbacks" in _text(driver, "#h3d-pools")
+
+
+@pytest.mark.comfyui
+@pytest.mark.slow
+@pytest.mark.skipif(not COMFYUI_DIR, reason=why_unavailable())
+def test_panel_shows_the_prompt_ledger_and_a_leak(panel_server, driver):
+    """Runs after the test above, in its page: three prompts of a node that leaks 64 MiB each (the
+    `ledger_real_node` test node) make the panel's prompt ledger list them and show the leak in red."""
+    _wait("the panel's prompt ledger", lambda: "prompt ledger" in _text(driver, "#h3d-ledger"), timeout=120)
+    for seed in range(3):
+        prompt_id = _post_json(f"{panel_server['url']}/prompt", {"prompt": {
+            "1": {"class_type": "H3TestLeak", "inputs": {"seed": seed, "mib": 64}}}})["prompt_id"]
+
+        def finished(prompt_id=prompt_id):
+            status, body = _get(f"{panel_server['url']}/history/{prompt_id}")
+            return status == 200 and prompt_id in json.loads(body)
+
+        _wait("the leaking prompt to finish", finished, timeout=120, step=0.5)
+    leak = _wait("the leak in the panel", lambda: _text(driver, "#h3d-ledger .h3d-leak"), timeout=60)
+    assert leak.startswith("LEAK host RSS") and "per prompt over 3 prompts" in leak and "LEAKED[" in leak, leak
+    assert "(node H3TestLeak)" in leak, leak
+    assert "H3TestLeak" in _text(driver, "#h3d-ledger .h3d-ledger-prompt")
+    assert "cached outputs" in _text(driver, "#h3d-ledger-kept")
 
 
 @pytest.mark.comfyui

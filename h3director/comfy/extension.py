@@ -1,4 +1,4 @@
-"""The V3 `ComfyExtension` of the pack: the node list, and the HTTP routes registered on load."""
+"""The V3 `ComfyExtension` of the pack: the node list; on load, the HTTP routes and the per-prompt memory ledger."""
 
 from __future__ import annotations
 
@@ -40,10 +40,17 @@ class H3DirectorExtension(ComfyExtension):
             return
         if PromptServer.instance is None:
             return
+        from h3director.comfy.prompt_ledger import install
         from h3director.comfy.routes import register_routes
+        from h3director.comfy.settings import pack_config
 
         register_routes(PromptServer.instance.routes)
         logging.info("H3 Director: routes /h3director/stats and /h3director/report.png registered")
+        try:
+            if await install(pack_config()):
+                logging.info("H3 Director: per-prompt memory ledger on (monitor.prompt_ledger)")
+        except Exception as error:  # an invalid config or an older ComfyUI without the hook: ComfyUI still starts
+            logging.warning("H3 Director: per-prompt memory ledger not installed: %s", error)
 
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
         return list(NODES)

@@ -32,6 +32,9 @@ switches it off.
                   (misses = text encoder runs; bytes_saved = conditioning bytes served from the cache)
     timeline      the Monitor nodes' report (`to_dict()`, samples cut to the last N), or null before
                   any Monitor node ran (the nodes are an explicit request: the config switch leaves them)
+    ledger        the per-prompt memory ledger (`h3director.comfy.prompt_ledger.ledger_payload`: the leak
+                  rule, the last 10 prompts' readings at start and end with what ComfyUI keeps on purpose,
+                  every leak found), or null when ``monitor.prompt_ledger`` is off
 
 The plot is rendered in a temporary folder inside ComfyUI's output folder and deleted after it is
 read: no route writes anywhere else.
@@ -150,16 +153,22 @@ def _prompt_server() -> Any:
     return getattr(PromptServer, "instance", None)
 
 
-def prompt_node(prompt_id: str, node_id: str, server: Any = None) -> dict[str, Any] | None:
-    """The node ``node_id`` of the running prompt ``prompt_id`` (its dict in the API prompt), or None."""
+def running_prompt(prompt_id: str, server: Any = None) -> dict[str, Any] | None:
+    """The API prompt (node id -> node dict) of the running prompt ``prompt_id``, or None."""
     queue = getattr(server or _prompt_server(), "prompt_queue", None)
     if queue is None:
         return None
     for item in queue.get_current_queue_volatile()[0]:
         if str(item[1]) == str(prompt_id) and isinstance(item[2], dict):
-            node = item[2].get(str(node_id))
-            return node if isinstance(node, dict) else None
+            return item[2]
     return None
+
+
+def prompt_node(prompt_id: str, node_id: str, server: Any = None) -> dict[str, Any] | None:
+    """The node ``node_id`` of the running prompt ``prompt_id`` (its dict in the API prompt), or None."""
+    prompt = running_prompt(prompt_id, server)
+    node = None if prompt is None else prompt.get(str(node_id))
+    return node if isinstance(node, dict) else None
 
 
 def running_node(server: Any = None) -> dict[str, Any] | None:
@@ -196,6 +205,7 @@ def monitor_settings(config) -> dict[str, Any]:
 def stats_payload(samples: int, config=None, server: Any = None) -> dict[str, Any]:
     """The JSON body of `/h3director/stats` (plain data); ``config`` defaults to the pack's."""
     from h3director.comfy.live import running_report
+    from h3director.comfy.prompt_ledger import ledger_payload
 
     if config is None:
         from h3director.comfy.settings import pack_config
@@ -213,7 +223,8 @@ def stats_payload(samples: int, config=None, server: Any = None) -> dict[str, An
             "now": _device_now() if live else None,
             "allocator": _allocator() if live and monitor["show_fragmentation"] else None,
             "pools": _pools() if live and monitor["show_pool_usage"] else None,
-            "shared_store": _store_stats(), "text_cache": _text_cache(), "timeline": timeline}
+            "shared_store": _store_stats(), "text_cache": _text_cache(), "timeline": timeline,
+            "ledger": ledger_payload(config)}
 
 
 def render_report_png(output_dir: Path, width: int, height: int) -> bytes:

@@ -115,6 +115,9 @@ class MonitorSettings(_Section):
     update_interval_ms: int = Field(default=500, ge=10, le=60_000)
     show_pool_usage: bool = True
     show_fragmentation: bool = True
+    prompt_ledger: bool = True
+    leak_prompts: int = Field(default=3, ge=2, le=100)
+    leak_min_growth_mb: int = Field(default=16, ge=1, le=1_048_576)
 
 
 class Allocator(_Section):

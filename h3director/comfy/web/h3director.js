@@ -6,7 +6,9 @@
 // keeps the last MAX_POINTS samples in the page, and draws: host RSS and device allocated/reserved over
 // time with the node ComfyUI was executing shaded and named (from the websocket `executing` events),
 // the current numbers, the caching allocator's fragmentation, each slot pool's heatmap (green leased,
-// yellow free, red fallback outside the pool) and the shared store / text cache counters.
+// yellow free, red fallback outside the pool), the shared store / text cache counters, and the per-prompt
+// memory ledger (each recent prompt's memory at its end, its net growth not kept on purpose by ComfyUI,
+// what ComfyUI keeps: loaded models and cached outputs; leaks in red with their largest new tensors).
 // With `monitor.enable_monitor` false the route says why and the panel shows that sentence.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
@@ -26,6 +28,14 @@ window.h3directorPanel = state;  // read by tests and curious users; nothing rea
 
 function gib(bytes) {
   return bytes == null ? "-" : (bytes / 1024 ** 3).toFixed(2) + " GiB";
+}
+
+function mib(bytes) {
+  return bytes == null ? "-" : (bytes / 1024 ** 2).toFixed(1) + " MiB";
+}
+
+function signedMib(bytes) {
+  return bytes == null ? "-" : (bytes >= 0 ? "+" : "") + mib(bytes);
 }
 
 function pct(ratio) {
@@ -205,6 +215,48 @@ function drawHeatmap(parent, device, pool) {
   parent.appendChild(grid);
 }
 
+function sumBytes(byDevice) {
+  return Object.values(byDevice || {}).reduce((a, b) => a + b, 0);
+}
+
+function drawLedger(root, ledger) {
+  const box = section(root, "h3d-ledger", "prompt ledger");
+  const rule = ledger.rule;
+  line(box, `leak: ${rule.jobs} prompts of one workflow, each after the first growing by at least ` +
+    `${mib(rule.min_growth_bytes)} not kept by ComfyUI`, { style: { color: "#aaa" } });
+  for (const leak of ledger.leaks.filter((l) => l.active)) {
+    const what = leak.series === "host" ? "host RSS" : `${leak.series} allocated`;
+    const item = el("div", { class: "h3d-leak", "data-series": leak.series, style: { color: "#ff6b6b" } },
+      `LEAK ${what}: ${signedMib(leak.growth_per_job_bytes)} per prompt over ${leak.jobs} prompts of ` +
+      `workflow ${leak.key} (${leak.label || ""}), ${mib(leak.total_bytes)} in all`);
+    for (const s of leak.suspects.slice(0, 3)) {
+      item.appendChild(el("div", { style: { marginLeft: "10px" } }, `${mib(s.bytes)} ${s.dtype}[${s.shape}] on ` +
+        `${s.device}: ${s.owner}${s.node ? ` (node ${s.node})` : ""}`));
+    }
+    box.appendChild(item);
+  }
+  const jobs = ledger.jobs.slice(-5).reverse();
+  if (!jobs.length) line(box, "no prompt finished yet");
+  for (const job of jobs) {
+    const end = job.end;
+    const parts = [`host RSS ${gib(end.host_rss_bytes)} (${signedMib(job.steps.host)})`];
+    for (const [device, d] of Object.entries(end.devices)) {
+      parts.push(`${device} allocated ${gib(d.allocated_bytes)} (${signedMib(job.steps[device])}), ` +
+        `reserved ${gib(d.reserved_bytes)}`);
+    }
+    line(box, `#${job.index} ${job.label || job.key} [${job.status}]: ${parts.join("; ")}`,
+      { class: "h3d-ledger-prompt", "data-key": job.key });
+  }
+  const last = ledger.jobs[ledger.jobs.length - 1];
+  if (last) {
+    const kept = last.end.kept_details || {};
+    const models = (kept.models || []).map((m) => `${m.name} ${gib(m.loaded_bytes)} on ${m.device}`);
+    line(box, `kept by ComfyUI: ${models.length ? models.join(", ") : "no loaded model"}; ` +
+      `${kept.output_cache_entries ?? 0} cached outputs, ${gib(sumBytes(last.end.kept_groups.output_cache))}`,
+      { id: "h3d-ledger-kept" });
+  }
+}
+
 function draw() {
   const root = state.el;
   if (!root) return;
@@ -274,6 +326,7 @@ function draw() {
     line(store, `text cache: ${tc.hits} hits, ${tc.misses} encoder runs, ${tc.bypassed} bypassed, ` +
       `saved ${gib(tc.bytes_saved)}`, { id: "h3d-text-cache" });
   }
+  if (stats.ledger) drawLedger(root, stats.ledger);
   const report = el("a", { href: api.apiURL("/h3director/report.png"), target: "_blank" },
     "Monitor nodes' timeline (PNG)");
   if (stats.timeline) root.appendChild(report);
