@@ -42,7 +42,8 @@ CHECKS=(
     "block_swap_overlap|45|--dry-run|bench/gpu/block_swap_overlap.py"
     "upscale_recipe|45|--smoke|bench/gpu/upscale_recipe.py"
     "resume_checkpoint_cost|90|--smoke|bench/gpu/resume_checkpoint_cost.py"
-    "dit_12gb|150|--smoke|bench/gpu/dit_12gb.py"
+    "ledger_cuda|30|--smoke|bench/gpu/ledger_cuda.py"
+    "dit_12gb|120|--smoke|bench/gpu/dit_12gb.py"
 )
 
 if [ "$LIST" = 1 ]; then
