@@ -82,9 +82,17 @@ def _avsync_accuracy(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _planner_external_counts(data: dict) -> str:
+    counts = data["counts"]
+    return (", ".join(f"{n} {band}" for band, n in counts.items()) + f" (of {sum(counts.values())} rows; "
+            f"`bench/results/{data['bench']}.json`).\n")
+
+
 RENDERERS: dict[str, Renderer] = {
     "planner_external": Renderer("planner_external.json", ("h3director/plan", "bench/planner_external.py"),
                                  _planner_external),
+    "planner_external_counts": Renderer("planner_external.json", ("h3director/plan", "bench/planner_external.py"),
+                                        _planner_external_counts),
     "avsync_accuracy": Renderer("avsync_accuracy.json", ("h3director/av", "bench/avsync_accuracy.py"),
                                 _avsync_accuracy),
 }
