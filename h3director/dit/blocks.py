@@ -13,6 +13,8 @@ planner's ledger (`h3director.plan.activations`) replays one iteration order.
   modulation, fc1, SwiGLU, fc2 and the gated residual of rows `a:b`, written back in place. Every op in
   that chain is row-wise, so a row's result depends only on that row ("exact where verified" for the
   GEMMs' invariance to their row count).
+- `thread_cut_rows`: on the CPU, the rows of a row chunk whose elementwise activation must be recomputed
+  segment by segment to get the bits of one call over all rows (`h3director.dit.thread_split`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from h3director.dit.ranges import head_ranges, row_ranges
+from h3director.dit.thread_split import rows_to_redo
 from h3director.dit.tiers import QUERY_ALIGN, DiTMemoryPlan
 
 
@@ -43,3 +46,17 @@ def chunked_rows(rows: int, chunks: int, apply: Callable[[int, int], None]) -> N
     """Call `apply(a, b)` for each of `chunks` contiguous row ranges covering `0..rows`, in order."""
     for a, b in row_ranges(rows, chunks):
         apply(a, b)
+
+
+def thread_cut_rows(device: Any, start: int, stop: int, total: int, width: int) -> list[tuple[int, list[tuple[int, int]]]]:
+    """For an elementwise activation over rows `start:stop` of a `[total, width]` operand (rows not
+    contiguous with each other, as the SwiGLU gate): the chunk-local rows, with the column segments of the
+    call over all rows, that the adapter must recompute one segment per call so that every element takes
+    the code path it takes in the stock call. Empty off the CPU (GPU elementwise kernels run one
+    element-wise function whatever the launch split; `verify-kernels` checks that there) and for one chunk.
+    Uses `torch.get_num_threads()`, the threads the stock call would use."""
+    import torch
+
+    if getattr(device, "type", str(device).partition(":")[0]) != "cpu" or (start, stop) == (0, total):
+        return []
+    return rows_to_redo(start, stop, total, width, torch.get_num_threads())

@@ -21,7 +21,9 @@ order; the tier (`h3director.dit.tiers.DiTMemoryPlan`) changes lifetimes and gro
 - query chunks (exact where verified): inside a group, attention per `QUERY_ALIGN`-aligned query block;
 - FFN row chunks (exact where verified): norm2, modulation, fc1, SwiGLU (`comfy.ops.INPUT_ACT_EAGER`,
   what `linear_input_act` runs for unquantised weights), fc2 and the gated residual per row range,
-  added into the residual stream in place as the stock block does; fc1/fc2 cast once per block.
+  added into the residual stream in place as the stock block does; fc1/fc2 cast once per block. On the
+  CPU, the few rows whose SiLU the stock call's thread ranges cut elsewhere than the chunk's call does are
+  recomputed per segment of the stock call (`_swiglu_rows`), so they take the stock code path.
 
 Quantised or unrecognised linear ops (a `QuantizedTensor` weight, a `layout_type`, fp8/cuBLAS op
 classes): row-slicing the weight, or row-chunking an input whose quantisation scale comes from the whole
@@ -40,7 +42,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from h3director.dit.blocks import chunked_rows, grouped_attention
+from h3director.dit.blocks import chunked_rows, grouped_attention, thread_cut_rows
 from h3director.dit.ranges import row_ranges
 from h3director.dit.tiers import QUERY_ALIGN, STOCK, DiTMemoryPlan
 from h3director.errors import InvalidInputError
@@ -237,6 +239,22 @@ def _attention(attn, plan: DiTMemoryPlan, hold: list, rope_freqs, transformer_op
     return attn.out_proj(state.pop("out"))
 
 
+def _swiglu_rows(swiglu, h, start: int, stop: int, total: int):
+    """`swiglu(h)` for fc1's output of rows `start:stop` (of `total`), with the rows whose CPU thread cuts
+    differ from the stock call over all rows recomputed per segment of that call
+    (`h3director.dit.blocks.thread_cut_rows`), each through the same `swiglu` on the segment's gate and up
+    columns, so every element gets the stock call's bits."""
+    import torch
+
+    out = swiglu(h)
+    width = out.shape[-1]
+    for row, spans in thread_cut_rows(h.device, start, stop, total, width):
+        source = h[row]
+        for c0, c1 in spans:
+            out[row, c0:c1] = swiglu(torch.cat((source[c0:c1], source[width + c0:width + c1])))
+    return out
+
+
 def _ffn(block, plan: DiTMemoryPlan, x, terms: list, segments, kept: set[str]) -> None:
     """The FFN half of the block, added into `x` in place (norm2 ... gated residual per row chunk).
 
@@ -271,7 +289,7 @@ def _ffn(block, plan: DiTMemoryPlan, x, terms: list, segments, kept: set[str]) -
             terms[0] = terms[1] = None
         t = F.linear(t, w1.weight, w1.bias) if w1 is not None else mlp.fc1(t)
         if w2 is not None:
-            t = swiglu(t)
+            t = _swiglu_rows(swiglu, t, a, b, x.shape[0])
             t = F.linear(t, w2.weight, w2.bias)
         else:
             t = ops.linear_input_act(mlp.fc2, t, "swiglu")

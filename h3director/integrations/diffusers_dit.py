@@ -70,7 +70,7 @@ from diffusers.models.transformers.transformer_minimax_h3 import (
     _apply_rotary_emb,
 )
 
-from h3director.dit.blocks import chunked_rows, grouped_attention
+from h3director.dit.blocks import chunked_rows, grouped_attention, thread_cut_rows
 from h3director.dit.tiers import LIFETIME_ONLY, STOCK, DiTMemoryPlan
 from h3director.errors import InvalidInputError
 
@@ -209,9 +209,12 @@ class H3DirectorAttnProcessor:
         return project
 
 
-def _feed_forward_rows(ff: nn.Module, hidden: list) -> torch.Tensor:
+def _feed_forward_rows(ff: nn.Module, hidden: list, span: tuple[int, int, int] | None = None) -> torch.Tensor:
     """`ff(hidden[0])` with the stock op order (`net[0].proj`, chunk, `x * silu(gate)`, `net[1]`,
-    `net[2]`), dropping the input after fc1. `hidden` is a one-element list emptied here."""
+    `net[2]`), dropping the input after fc1. `hidden` is a one-element list emptied here. `span`
+    `(start, stop, total)`: these are rows `start:stop` of a `total`-row sequence; on the CPU the rows
+    whose SiLU the stock call's thread ranges cut elsewhere are recomputed per segment of that call
+    (`h3director.dit.blocks.thread_cut_rows`), so every element takes the stock code path."""
     x = hidden.pop()
     if _has_hooks(ff) or _has_hooks(ff.net[0]):
         return ff(x)  # hooks on the container modules: call them as stock (no lifetime saving here)
@@ -221,6 +224,10 @@ def _feed_forward_rows(ff: nn.Module, hidden: list) -> torch.Tensor:
     value, gate = projected.chunk(2, dim=-1)
     del projected
     out = swiglu.activation(gate)
+    if span is not None:
+        for row, spans in thread_cut_rows(gate.device, *span, gate.shape[-1]):
+            for c0, c1 in spans:
+                out[..., row, c0:c1] = swiglu.activation(gate[..., row, c0:c1])
     del gate
     # stock: value * silu(gate). One IEEE multiply is commutative to the bit, so multiplying into the SiLU
     # buffer gives the same values without allocating the product (a placement change only).
@@ -276,7 +283,7 @@ def _block_forward(block: MiniMaxH3TransformerBlock, plan: DiTMemoryPlan, hidden
         normed = normed * (1.0 + scale_mlp.index_select(0, index)) + shift_mlp.index_select(0, index)
         carrier = [normed]
         del normed
-        ff_output = _feed_forward_rows(block.ff, carrier)
+        ff_output = _feed_forward_rows(block.ff, carrier, (a, b, rows))
         ff_output = gate_mlp.index_select(0, index) * ff_output
         part.add_(ff_output)
 
