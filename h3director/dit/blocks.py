@@ -60,3 +60,19 @@ def thread_cut_rows(device: Any, start: int, stop: int, total: int, width: int) 
     if getattr(device, "type", str(device).partition(":")[0]) != "cpu" or (start, stop) == (0, total):
         return []
     return rows_to_redo(start, stop, total, width, torch.get_num_threads())
+
+
+def swiglu_rows(swiglu: Callable[[Any], Any], h, start: int, stop: int, total: int):
+    """`swiglu(h)` for fc1's output `h` of rows `start:stop` (of `total`; `[rows, 2 x width]`, gate half
+    first), with the rows `thread_cut_rows` names recomputed one stock segment per call through the same
+    `swiglu` (on the segment's gate and up columns, concatenated), so every element gets the bits of one
+    call over all rows."""
+    import torch
+
+    out = swiglu(h)
+    width = out.shape[-1]
+    for row, spans in thread_cut_rows(h.device, start, stop, total, width):
+        source = h[row]
+        for c0, c1 in spans:
+            out[row, c0:c1] = swiglu(torch.cat((source[c0:c1], source[width + c0:width + c1])))
+    return out
