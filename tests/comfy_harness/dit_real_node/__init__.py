@@ -6,10 +6,11 @@
 - `H3TestDiTLoader`: loads a diffusion model file with ComfyUI's own `comfy.sd.load_diffusion_model` at a
   given dtype (float32 or bfloat16; UNETLoader offers no bfloat16 on the CPU);
 - `H3TestVerifyKernels`: runs `h3director.dit.kernels.verify_kernels` inside the server (its torch, its
-  thread count) at the MODEL's widths and the given packed rows, filed in the server's kernel cache;
+  thread count) at the MODEL's widths and the packed rows of the LATENT and CONDITIONING, filed in the
+  server's kernel cache (its text output: the result, then the rows);
 - `H3TestGuardReduce`: the Memory Guard's real `DIFFUSION_MODEL` wrapper (`make_guard_wrapper`, action
   reduce_batch) with a budget halfway between the ledger's need of the DiT Memory floor and of the next
-  ladder tier at the given rows. The guard's device reading is a constant 0 bytes in use (the one stand-in:
+  ladder tier at the packed rows of the LATENT and CONDITIONING. The guard's device reading is a constant 0 bytes in use (the one stand-in:
   the server's RSS moves by more than the tiny model's tier differences, which would make the test flaky).
 
 Copied into a temporary ComfyUI base directory by the test; never installed with the pack.
@@ -84,36 +85,49 @@ def _dtype_of(model):
     return model.model.get_dtype_inference()
 
 
+def _packed_rows(model, latent, conditioning) -> int:
+    """The packed rows a forward of `model` over `latent` with `conditioning` has (`comfy_dit.packed_rows`)."""
+    from h3director.integrations.comfy_dit import packed_rows
+
+    samples = latent["samples"]
+    streams = list(samples.unbind()) if getattr(samples, "is_nested", False) else [samples]
+    return packed_rows(model.model.diffusion_model, streams, conditioning[0][0], None)
+
+
+_ROWS_INPUTS = {"model": ("MODEL",), "latent": ("LATENT",), "conditioning": ("CONDITIONING",)}
+
+
 class H3TestVerifyKernels:
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"model": ("MODEL",), "rows": ("INT", {"default": 1024, "min": 1, "max": 1 << 20})}}
+        return {"required": dict(_ROWS_INPUTS)}
 
     RETURN_TYPES = ()
     FUNCTION = "verify"
     OUTPUT_NODE = True
     CATEGORY = "testing"
 
-    def verify(self, model, rows):
+    def verify(self, model, latent, conditioning):
         from h3director.dit.kernels import verify_kernels
         from h3director.integrations.comfy_dit import kernel_widths
 
+        rows = _packed_rows(model, latent, conditioning)
         report = verify_kernels("cpu", _dtype_of(model), rows=rows,
                                 widths=kernel_widths(model.model.diffusion_model), cache=True)
         return {"ui": {"text": [f"verified {sorted(report.verified)} failed {sorted(report.failed)} "
-                                f"threads {report.key['threads']} at {rows} rows"]}}
+                                f"threads {report.key['threads']}", str(rows)]}}
 
 
 class H3TestGuardReduce:
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"model": ("MODEL",), "rows": ("INT", {"default": 1024, "min": 1, "max": 1 << 20})}}
+        return {"required": dict(_ROWS_INPUTS)}
 
     RETURN_TYPES = ("MODEL",)
     FUNCTION = "guard"
     CATEGORY = "testing"
 
-    def guard(self, model, rows):
+    def guard(self, model, latent, conditioning):
         from comfy.patcher_extension import WrappersMP
 
         from h3director.comfy.nodes_guard import GUARD_KEY, dit_shape_of, make_guard_wrapper
@@ -123,6 +137,7 @@ class H3TestGuardReduce:
         from h3director.integrations.comfy_dit import installed_handle
 
         handle = installed_handle(model)
+        rows = _packed_rows(model, latent, conditioning)
         dm = model.model.diffusion_model
         cost = ledger_cost_model(dit_shape_of(dm), "comfy", device="cpu")
         ladder = escalation_ladder(handle.heads, rows)
