@@ -85,3 +85,32 @@ def test_swiglu_rows_give_the_stock_bits_where_plain_chunks_do_not(threads):
         assert naive_differs == (threads > 1)
     finally:
         torch.set_num_threads(before)
+
+
+def test_batched_operand_recompute_gives_the_stock_bits():
+    """diffusers' gate is `[batch, rows, width]`: the stock call walks batch x rows rows, each chunk's call
+    batch x chunk rows; the recompute covers the rows of every batch item."""
+    from h3director.dit.blocks import thread_cut_rows
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)   # with 2 threads and 2 items every cut falls on a row boundary
+    try:
+        rows, width = 1291, 100
+        projected = torch.randn(2, rows, 2 * width, generator=torch.Generator().manual_seed(7))
+        value, gate = projected.chunk(2, dim=-1)
+        reference = F.silu(gate)
+        naive_differs = False
+        for chunks in (2, 3, 7):
+            naive, ours = torch.empty_like(reference), torch.empty_like(reference)
+            for a, b in row_ranges(rows, chunks):
+                naive[:, a:b] = F.silu(gate[:, a:b])
+                part = F.silu(gate[:, a:b])
+                for item, row, spans in thread_cut_rows(gate.device, a, b, rows, width, batch=2):
+                    for c0, c1 in spans:
+                        part[item, row, c0:c1] = F.silu(gate[item, a + row, c0:c1])
+                ours[:, a:b] = part
+            naive_differs |= not torch.equal(reference, naive)
+            assert torch.equal(reference, ours), chunks
+        assert naive_differs
+    finally:
+        torch.set_num_threads(before)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from h3director.dit.ranges import head_ranges, row_ranges
-from h3director.dit.thread_split import rows_to_redo
+from h3director.dit.thread_split import batch_rows_to_redo
 from h3director.dit.tiers import QUERY_ALIGN, DiTMemoryPlan
 
 
@@ -48,18 +48,19 @@ def chunked_rows(rows: int, chunks: int, apply: Callable[[int, int], None]) -> N
         apply(a, b)
 
 
-def thread_cut_rows(device: Any, start: int, stop: int, total: int, width: int) -> list[tuple[int, list[tuple[int, int]]]]:
-    """For an elementwise activation over rows `start:stop` of a `[total, width]` operand (rows not
-    contiguous with each other, as the SwiGLU gate): the chunk-local rows, with the column segments of the
-    call over all rows, that the adapter must recompute one segment per call so that every element takes
-    the code path it takes in the stock call. Empty off the CPU (GPU elementwise kernels run one
+def thread_cut_rows(device: Any, start: int, stop: int, total: int, width: int,
+                    batch: int = 1) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """For an elementwise activation over rows `start:stop` of a `[batch, total, width]` operand (rows not
+    contiguous with each other, as the SwiGLU gate): `(batch index, chunk-local row, column segments of the
+    call over all rows)` for each row the adapter must recompute one segment per call so that every element
+    takes the code path it takes in the stock call. Empty off the CPU (GPU elementwise kernels run one
     element-wise function whatever the launch split; `verify-kernels` checks that there) and for one chunk.
     Uses `torch.get_num_threads()`, the threads the stock call would use."""
     import torch
 
     if getattr(device, "type", str(device).partition(":")[0]) != "cpu" or (start, stop) == (0, total):
         return []
-    return rows_to_redo(start, stop, total, width, torch.get_num_threads())
+    return batch_rows_to_redo(start, stop, total, width, torch.get_num_threads(), batch)
 
 
 def swiglu_rows(swiglu: Callable[[Any], Any], h, start: int, stop: int, total: int):
@@ -71,7 +72,7 @@ def swiglu_rows(swiglu: Callable[[Any], Any], h, start: int, stop: int, total: i
 
     out = swiglu(h)
     width = out.shape[-1]
-    for row, spans in thread_cut_rows(h.device, start, stop, total, width):
+    for _, row, spans in thread_cut_rows(h.device, start, stop, total, width):
         source = h[row]
         for c0, c1 in spans:
             out[row, c0:c1] = swiglu(torch.cat((source[c0:c1], source[width + c0:width + c1])))

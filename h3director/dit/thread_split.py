@@ -46,15 +46,42 @@ def thread_cuts(numel: int, threads: int, grain: int = GRAIN_SIZE) -> list[int]:
     return list(range(size, numel, size))
 
 
-def _cuts_by_row(first_row: int, rows: int, width: int, cuts: list[int], offset: int) -> dict[int, tuple[int, ...]]:
-    """Columns where the cuts (element offsets relative to `offset`) fall inside rows `first_row..+rows`,
-    by absolute row; a cut on a row boundary splits no row and is left out."""
+def _cuts_by_row(rows: int, width: int, threads: int, grain: int) -> dict[int, tuple[int, ...]]:
+    """Columns where the thread cuts of one call over `rows` rows of `width` elements fall inside a row,
+    by row; a cut on a row boundary splits no row and is left out."""
     by_row: dict[int, list[int]] = {}
-    for cut in cuts:
-        row, column = divmod(cut + offset, width)
-        if column and first_row <= row < first_row + rows:
+    for cut in thread_cuts(rows * width, threads, grain):
+        row, column = divmod(cut, width)
+        if column:
             by_row.setdefault(row, []).append(column)
     return {row: tuple(columns) for row, columns in by_row.items()}
+
+
+def batch_rows_to_redo(start: int, stop: int, total: int, width: int, threads: int, batch: int = 1,
+                       grain: int = GRAIN_SIZE) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """`rows_to_redo` for a ``[batch, total, width]`` operand (the stock call walks ``batch x total`` rows,
+    the chunk's call ``batch x (stop - start)``, batch-major): ``(batch index, row - start, segments)``."""
+    if not 0 <= start < stop <= total or width < 1 or batch < 1:
+        raise InvalidInputError(f"need 0 <= start < stop <= total, width >= 1, batch >= 1; got {start}, {stop}, "
+                                f"{total}, {width}, {batch}")
+    if (start, stop) == (0, total):
+        return []
+    if width > grain:
+        raise InvalidInputError(f"rows of {width} elements exceed the {grain}-element grain: a one-row recompute "
+                                "would be split among threads too")
+    rows = stop - start
+    whole = _cuts_by_row(batch * total, width, threads, grain)
+    chunk = _cuts_by_row(batch * rows, width, threads, grain)
+    candidates = {(row // total, row % total - start) for row in whole if start <= row % total < stop}
+    candidates |= {(row // rows, row % rows) for row in chunk}
+    redo = []
+    for b, local in sorted(candidates):
+        cuts = whole.get(b * total + start + local, ())
+        if cuts == chunk.get(b * rows + local, ()):
+            continue
+        edges = [0, *cuts, width]
+        redo.append((b, local, list(zip(edges[:-1], edges[1:], strict=True))))
+    return redo
 
 
 def rows_to_redo(start: int, stop: int, total: int, width: int, threads: int,
@@ -65,21 +92,4 @@ def rows_to_redo(start: int, stop: int, total: int, width: int, threads: int,
 
     Empty when the chunk is all the rows or no thread cut crosses a row differently. Raises
     `InvalidInputError` when `width` exceeds `grain` (a one-row redo would itself be split among threads)."""
-    if not 0 <= start < stop <= total or width < 1:
-        raise InvalidInputError(f"need 0 <= start < stop <= total and width >= 1; got {start}, {stop}, {total}, "
-                                f"{width}")
-    if (start, stop) == (0, total):
-        return []
-    if width > grain:
-        raise InvalidInputError(f"rows of {width} elements exceed the {grain}-element grain: a one-row recompute "
-                                "would be split among threads too")
-    rows = stop - start
-    whole = _cuts_by_row(start, rows, width, thread_cuts(total * width, threads, grain), 0)
-    chunk = _cuts_by_row(start, rows, width, thread_cuts(rows * width, threads, grain), start * width)
-    redo = []
-    for row in sorted(set(whole) | set(chunk)):
-        if whole.get(row, ()) == chunk.get(row, ()):
-            continue
-        edges = [0, *whole.get(row, ()), width]
-        redo.append((row - start, list(zip(edges[:-1], edges[1:], strict=True))))
-    return redo
+    return [(row, spans) for _, row, spans in batch_rows_to_redo(start, stop, total, width, threads, 1, grain)]

@@ -227,9 +227,9 @@ def _feed_forward_rows(ff: nn.Module, hidden: list, span: tuple[int, int, int] |
     del projected
     out = swiglu.activation(gate)
     if span is not None:
-        for row, spans in thread_cut_rows(gate.device, *span, gate.shape[-1]):
+        for b, row, spans in thread_cut_rows(gate.device, *span, gate.shape[-1], gate.shape[0]):
             for c0, c1 in spans:
-                out[..., row, c0:c1] = swiglu.activation(gate[..., row, c0:c1])
+                out[b, row, c0:c1] = swiglu.activation(gate[b, row, c0:c1])
     del gate
     # stock: value * silu(gate). One IEEE multiply is commutative to the bit, so multiplying into the SiLU
     # buffer gives the same values without allocating the product (a placement change only).
