@@ -11,7 +11,8 @@ A `DiTMemoryPlan` is one *tier*. The techniques, with their exactness class:
   its output-column count and the attention kernel computes heads independently;
 - `ffn_chunks` > 1 (exact where verified): norm, modulation, fc1, SwiGLU, fc2 and the gated residual
   run per chunk of rows, in the stock op order; bit-identical where the GEMMs are invariant to their
-  row count M;
+  row count M (on the CPU the SwiGLU rows whose thread cuts differ are recomputed as the stock call cuts
+  them: `h3director.dit.thread_split`);
 - `query_chunks` > 1 (exact where verified): each head group's attention runs over blocks of query
   rows aligned to `QUERY_ALIGN` rows; bit-identical where the kernel computes query rows independently.
 
