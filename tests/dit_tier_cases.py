@@ -34,10 +34,15 @@ COMFY_SHAPE = dict(hidden=64, heads=4, head_dim=16, ffn=160, t_dim=32)
 TIMESTEPS = 2
 
 
-def dit_shape_diffusers():
+# a second width set (6 heads of 24, rotary 18 of 24 channels, FFN 352: every width differs from the first)
+DIFFUSERS_CONFIG_WIDE = dict(DIFFUSERS_CONFIG, num_attention_heads=6, attention_head_dim=24, hidden_size=144,
+                             ffn_dim=352, rope_freq_dim=3)
+
+
+def dit_shape_diffusers(config: dict | None = None):
     from h3director.plan.activations import DiTShape
 
-    return DiTShape.from_config(DIFFUSERS_CONFIG)
+    return DiTShape.from_config(config or DIFFUSERS_CONFIG)
 
 
 def dit_shape_comfy():
@@ -47,15 +52,17 @@ def dit_shape_comfy():
     return DiTShape(hidden=s["hidden"], heads=s["heads"], head_dim=s["head_dim"], ffn=s["ffn"], rotary_dim=12)
 
 
-def measure_diffusers_block(rows: int, dtype: torch.dtype, plan: dict | None = None, seed: int = 0) -> int:
-    """Peak bytes (input included) of one diffusers block; `plan` = `apply_memory_plan` keywords, None = stock."""
+def measure_diffusers_block(rows: int, dtype: torch.dtype, plan: dict | None = None, seed: int = 0,
+                            config: dict | None = None) -> int:
+    """Peak bytes (input included) of one diffusers block; `plan` = `apply_memory_plan` keywords, None = stock;
+    `config`: the model's config (default `DIFFUSERS_CONFIG`)."""
     from diffusers import MiniMaxH3Transformer3DModel
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     torch.manual_seed(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = MiniMaxH3Transformer3DModel(**DIFFUSERS_CONFIG).eval().to(dtype)
+        model = MiniMaxH3Transformer3DModel(**(config or DIFFUSERS_CONFIG)).eval().to(dtype)
     handle = None
     if plan is not None:
         from h3director.integrations.diffusers_dit import apply_memory_plan

@@ -297,9 +297,14 @@ def test_capacity_check_runs_before_each_forward(mode):
     run(model, inputs)
     handle.remove()
     assert_equal(got, want)
-    verified = verified_kernel_properties(torch.device("cpu"), torch.bfloat16, model.config)
-    assert capacity.calls == [dict(rows=ROWS, dtype=torch.bfloat16, floor=DiTMemoryPlan(ffn_chunks=2), mode=mode,
+    verified = verified_kernel_properties(torch.device("cpu"), torch.bfloat16, model.config, rows=ROWS)
+    # "exact only" first drops what is not verified for this row class (the stock FFN in one chunk) and says so
+    floor = DiTMemoryPlan(ffn_chunks=2) if mode == "auto" or "ffn_row_chunks" in verified else DiTMemoryPlan()
+    assert capacity.calls == [dict(rows=ROWS, dtype=torch.bfloat16, floor=floor, mode=mode,
                                    verified=verified)] * 2
+    if floor == DiTMemoryPlan():
+        assert handle.last_report["kept_stock_unverified"] == [
+            "FFN row chunks (2) not verified for this shape: stock FFN in one chunk"]
     report = handle.last_report
     assert handle.plan == chosen
     assert report["tier"] == "2 head groups, 3 FFN row chunks" and report["escalated"] is True

@@ -103,8 +103,11 @@ def test_rows_dependent_gemm_fails_every_row_split():
                             properties=(FFN_ROW_CHUNKS,))
     assert set(report.results) == {FFN_ROW_CHUNKS}
     variants = report.results[FFN_ROW_CHUNKS].variants
-    gemms = [v for v in variants if not v.label.startswith("rms_norm")]
+    gemms = [v for v in variants if v.label.startswith(("fc1", "fc2"))]
     assert gemms and not any(v.equal for v in gemms)
+    # the SwiGLU over fc1's output, chunked as the adapters run it, is checked beside them (real silu: equal)
+    swiglu = [v for v in variants if v.label.startswith("swiglu")]
+    assert len(swiglu) == len(gemms) // 2 and all(v.equal for v in swiglu)
     assert not report.results[FFN_ROW_CHUNKS].passed
     # the real rms_norm checked per row range beside them, in both grad modes
     assert {v.label.split(")")[0] for v in variants if v.label.startswith("rms_norm")} == {
@@ -114,17 +117,18 @@ def test_rows_dependent_gemm_fails_every_row_split():
 def test_cache_roundtrip_and_lookup(cache_file):
     report = verify_kernels("cpu", "bf16", rows=ROWS, widths=SMALL, cache=True)
     assert report.cache_path == str(cache_file) and report.cache_problem is None
-    assert verified_properties("cpu", "bf16", widths=SMALL) == set(KERNEL_PROPERTIES)
-    assert verified_properties("cpu", torch.bfloat16, path=cache_file, widths=SMALL) == set(KERNEL_PROPERTIES)
+    assert FFN_ROW_CHUNKS in report.verified and QKV_COLUMN_GROUPS in report.verified
+    assert verified_properties("cpu", "bf16", widths=SMALL) == set(report.verified)
+    assert verified_properties("cpu", torch.bfloat16, path=cache_file, widths=SMALL) == set(report.verified)
     # another dtype, or the real widths, were never verified
     assert verified_properties("cpu", "fp32", widths=SMALL) == set()
     assert verified_properties("cpu", "bf16") == set()
     # a failing property is filed as failed, replacing the earlier entry for the same key and widths
     verify_kernels("cpu", "bf16", rows=ROWS, widths=SMALL, linear=_columns_noise, cache=True)
-    assert verified_properties("cpu", "bf16", widths=SMALL) == set(KERNEL_PROPERTIES) - {QKV_COLUMN_GROUPS}
+    assert verified_properties("cpu", "bf16", widths=SMALL) == set(report.verified) - {QKV_COLUMN_GROUPS}
     document = json.loads(cache_file.read_text())
     assert document["format"] == "h3director-kernels" and len(document["entries"]) == 1
-    assert document["entries"][0]["failed"] == [QKV_COLUMN_GROUPS]
+    assert QKV_COLUMN_GROUPS in document["entries"][0]["failed"]
     verify_kernels("cpu", "fp32", rows=ROWS, widths=SMALL, cache=True)
     assert len(json.loads(cache_file.read_text())["entries"]) == 2
     assert not list(cache_file.parent.glob(".kernels.json.*"))  # no temporaries left behind
@@ -148,13 +152,55 @@ def test_key_mismatch_gives_empty_set(cache_file, monkeypatch):
     assert verified_properties("cpu", "bf16", widths=SMALL) == set()
 
 
+def test_an_entry_holds_for_its_row_class_thread_count_only_and_says_so_once(cache_file, caplog, monkeypatch):
+    report = verify_kernels("cpu", "fp32", rows=ROWS, widths=SMALL, cache=True)   # class 256..511
+    assert report.key["threads"] == str(torch.get_num_threads())
+    assert verified_properties("cpu", "fp32", widths=SMALL, rows=511) == set(report.verified)
+    with caplog.at_level(logging.WARNING, logger="h3director.dit.kernels"):
+        for _ in range(3):
+            assert verified_properties("cpu", "fp32", widths=SMALL, rows=2_500) == set()
+    said = [r for r in caplog.records if "not for 2,500 rows (class 2,048-4,095)" in r.getMessage()]
+    assert len(said) == 1 and "verified for rows 256-511" in said[0].getMessage()
+    # another thread count is another key: nothing verified, and the differing field is named once
+    caplog.clear()
+    with monkeypatch.context() as patch, caplog.at_level(logging.WARNING, logger="h3director.dit.kernels"):
+        patch.setattr(torch, "get_num_threads", lambda: 7)
+        assert verified_properties("cpu", "fp32", widths=SMALL, rows=ROWS) == set()
+        assert verified_properties("cpu", "fp32", widths=SMALL, rows=ROWS) == set()
+    assert [r.getMessage() for r in caplog.records if "under another threads" in r.getMessage()] != []
+    assert len(caplog.records) == 1
+    # a second class is filed beside the first, not over it
+    verify_kernels("cpu", "fp32", rows=2_500, widths=SMALL, cache=True, properties=(FFN_ROW_CHUNKS,))
+    entries = json.loads(cache_file.read_text())["entries"]
+    assert sorted(e["rows"] for e in entries) == [ROWS, 2_500]
+    assert verified_properties("cpu", "fp32", widths=SMALL, rows=3_000) == {FFN_ROW_CHUNKS}
+
+
+def test_exactness_text_names_what_was_verified_where_or_the_measured_difference(cache_file):
+    from h3director.dit.kernels import exactness_text
+
+    assert exactness_text((), None).startswith("exact (by construction")
+    assert exactness_text((FFN_ROW_CHUNKS,), lookup("cpu", "fp32", widths=SMALL, rows=ROWS)).startswith(
+        "unverified: ffn_row_chunks not verified on cpu: ")
+    verify_kernels("cpu", "fp32", rows=ROWS, widths=SMALL, cache=True, properties=(FFN_ROW_CHUNKS,))
+    text = exactness_text((FFN_ROW_CHUNKS,), lookup("cpu", "fp32", widths=SMALL, rows=ROWS))
+    assert text.startswith("exact (verified: ffn_row_chunks at 300 rows, hidden 64, 4x16 heads, FFN 96 "
+                           "(row class 256-511), cpu: ")
+    assert f"{torch.get_num_threads()} threads, fp32, {cache_file}" in text
+    verify_kernels("cpu", "fp32", rows=ROWS, widths=SMALL, cache=True, properties=(FFN_ROW_CHUNKS,),
+                   linear=_rows_noise)
+    text = exactness_text((FFN_ROW_CHUNKS,), lookup("cpu", "fp32", widths=SMALL, rows=ROWS))
+    assert text.startswith("approximate: max difference ") and "measured at 300 rows, hidden 64" in text
+
+
 @pytest.mark.parametrize("content,problem", [
     (b"{not json", "not valid JSON"),
     (b"\xff\xfe\x00", "not valid JSON"),
     (b'[1, 2]', "is not an 'h3director-kernels' file"),
     (b'{"format": "h3director-kernels", "version": 7, "entries": []}', "version 7"),
-    (b'{"format": "h3director-kernels", "version": 1, "entries": {}}', "must be a list"),
-], ids=["json", "utf8", "shape", "version", "entries"])
+    (b'{"format": "h3director-kernels", "version": 2, "entries": {}}', "must be a list"),
+    (b'{"format": "h3director-kernels", "version": 1, "entries": []}', "has version 1, expected 2"),
+], ids=["json", "utf8", "shape", "version", "entries", "version-1-keys-without-threads"])
 def test_corrupt_cache_is_reported_not_trusted(cache_file, content, problem, caplog):
     cache_file.write_bytes(content)
     with caplog.at_level(logging.WARNING, logger="h3director.dit.kernels"):
@@ -189,7 +235,7 @@ def test_verifying_replaces_a_corrupt_cache_and_says_so(cache_file):
     cache_file.write_text("garbage")
     report = verify_kernels("cpu", "bf16", rows=ROWS, widths=SMALL, cache=True)
     assert "not valid JSON" in report.cache_problem
-    assert verified_properties("cpu", "bf16", widths=SMALL) == set(KERNEL_PROPERTIES)
+    assert verified_properties("cpu", "bf16", widths=SMALL) == set(report.verified) and report.verified
 
 
 @pytest.mark.parametrize("kwargs,message", [

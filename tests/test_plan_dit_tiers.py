@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from dit_tier_cases import (
+    DIFFUSERS_CONFIG_WIDE,
     comfy_root,
     dit_shape_comfy,
     dit_shape_diffusers,
@@ -54,6 +55,17 @@ def _predict(shape: DiTShape, framework: str, dtype: torch.dtype, tier: dict | N
 def test_diffusers_block_ledger_matches_measured_peak(tier, dtype):
     measured = measure_diffusers_block(ROWS, dtype, TIERS[tier])
     predicted = _predict(dit_shape_diffusers(), "diffusers", dtype, TIERS[tier])
+    error = predicted / measured - 1
+    assert abs(error) <= TARGET, f"diffusers {tier}: predicted {predicted:,} B, measured {measured:,} B ({error:+.1%})"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("tier", ["stock", "lifetime", "ffn 4", "heads 2, ffn 8", "heads 2, query 3, ffn 3"])
+def test_diffusers_block_ledger_holds_at_other_widths(tier, dtype):
+    """The same comparison at a second width set (every width differs), so ledger and adapter cannot drift
+    apart at one width only."""
+    measured = measure_diffusers_block(ROWS, dtype, TIERS[tier], config=DIFFUSERS_CONFIG_WIDE)
+    predicted = _predict(dit_shape_diffusers(DIFFUSERS_CONFIG_WIDE), "diffusers", dtype, TIERS[tier])
     error = predicted / measured - 1
     assert abs(error) <= TARGET, f"diffusers {tier}: predicted {predicted:,} B, measured {measured:,} B ({error:+.1%})"
 

@@ -3,8 +3,8 @@
 The node clones the MODEL and installs `h3director.integrations.comfy_dit` through ComfyUI's own hooks
 (a `patches_replace["dit"]` entry per block and a `DIFFUSION_MODEL` wrapper); the input MODEL is not
 changed. Before each forward the wrapper picks the tier (`mode`), runs it, and logs the tier that ran
-with its exactness ("H3 Director DiT memory: <tier> (<exactness>, verified / not verified on this
-device) for <rows> rows"). The node's own text output shows what was installed, the device's
+with its exactness ("H3 Director DiT memory: <tier> (<class>; exact (verified: ...) | approximate: max
+difference X measured at <shape> | unverified: ...) for <rows> rows"). The node's own text output shows what was installed, the device's
 `verify-kernels` status, and (when the prompt re-runs on a MODEL it already patched) the last forward.
 """
 
@@ -17,39 +17,27 @@ from h3director.units import GiB
 MODES = ["auto", "exact only", "fixed"]
 
 
-def install_summary(handle, device, dtype) -> str:
-    """The node's report: settings, exactness class, and which kernel properties are verified here."""
-    from h3director.integrations.comfy_dit import verified_here
+def install_summary(handle, device, dtype, widths=None) -> str:
+    """The node's report: settings, exactness class, and what `verify-kernels` has verified here. Which
+    parts run exact is decided per forward, for its row class (logged as 'H3 Director DiT memory: ...')."""
+    from h3director.dit.kernels import exactness_text, lookup_for_model
 
     floor = handle.floor
-    verified = verified_here(device, dtype)
+    found = lookup_for_model(str(device), dtype, widths)
     needs = set(floor.relies_on)
     lines = [f"H3Director DiT Memory on {handle.blocks} blocks ({handle.heads} heads), mode {handle.mode}",
              f"settings: {floor.describe()} ({floor.exactness.value})",
              "budget: " + (f"{handle.budget_bytes / GiB:.2f} GiB" if handle.budget_bytes else "the device's")]
     if not needs:
         lines.append("exactness: exact by construction (only lifetimes change)")
-    elif needs <= verified:
-        lines.append(f"exactness: verified exact on {device} ({dtype}) by verify-kernels")
     else:
-        lines.append(f"exactness: NOT verified on {device} ({dtype}): {', '.join(sorted(needs - verified))}; "
-                     "run `h3director verify-kernels` on this machine"
-                     + ("; 'exact only' will not use these techniques" if handle.mode == "exact only" else ""))
+        lines.append(f"exactness: decided per forward for its packed-row class; cached here: "
+                     f"{exactness_text(floor.relies_on, found) if found is not None and found.entry else 'nothing'}")
+        if handle.mode == "exact only":
+            lines.append("'exact only' runs a technique only where verify-kernels verified it for the forward's "
+                         "row class on this device; otherwise that part keeps the stock op (logged)")
     lines.append("the tier each forward runs is logged as 'H3 Director DiT memory: ...'")
     return "\n".join(lines)
-
-
-def check_exact_only(floor, device, dtype) -> None:
-    """'exact only' starts from settings whose kernel properties `verify-kernels` passed here, or refuses."""
-    from h3director.errors import InvalidInputError
-    from h3director.integrations.comfy_dit import verified_here
-
-    missing = sorted(set(floor.relies_on) - verified_here(device, dtype))
-    if missing:
-        raise InvalidInputError(
-            f"mode 'exact only' with {floor.describe()} relies on {', '.join(missing)}, not verified on {device} "
-            f"({dtype}): run `h3director verify-kernels` on this machine, use head_chunks=1 and ffn_chunks=1 (exact by "
-            "construction), or mode auto / fixed")
 
 
 class DiTMemoryNode(io.ComfyNode):
@@ -62,7 +50,8 @@ class DiTMemoryNode(io.ComfyNode):
             description="Runs the H3 DiT blocks with fewer live activations: frees what the stock block keeps "
                         "alive, and optionally projects/attends head groups and runs the FFN in row chunks, with "
                         "the same ops in the same order. 'auto' escalates to a cheaper setting when the forward "
-                        "would not fit; 'exact only' uses only techniques verify-kernels passed on this device.",
+                        "would not fit; 'exact only' uses a technique only where verify-kernels passed it on this "
+                        "device for the forward's row count class, else keeps the stock op for that part.",
             inputs=[io.Model.Input("model"),
                     io.Combo.Input("mode", options=MODES, default="auto",
                                    tooltip="fixed: exactly these settings; auto: these or cheaper when needed; "
@@ -87,7 +76,7 @@ class DiTMemoryNode(io.ComfyNode):
                                   budget_bytes=budget)
         inner = getattr(model, "model", None)
         dtype = inner.get_dtype_inference() if hasattr(inner, "get_dtype_inference") else None
-        if mode == "exact only":
-            check_exact_only(handle.floor, model.load_device, dtype)
-        summary = install_summary(handle, model.load_device, dtype)
+        from h3director.integrations.comfy_dit import kernel_widths
+
+        summary = install_summary(handle, model.load_device, dtype, kernel_widths(model.model.diffusion_model))
         return io.NodeOutput(patched, ui={"text": (summary,)})

@@ -18,7 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cpu, cuda, cuda:N or mps (default: the first CUDA device, else MPS, else the CPU)")
     parser.add_argument("--dtype", default="bf16", help="bf16 (default), fp16 or fp32")
     parser.add_argument("--rows", type=int, default=None,
-                        help="packed rows per check (default 1024 on the CPU, 4096 on MPS, 8192 on CUDA)")
+                        help="packed rows per check (default 1024 on the CPU, 4096 on MPS, 8192 on CUDA); the "
+                             "result holds for its row class (the power-of-two band of rows it falls in): run "
+                             "it at the packed rows your renders have")
     parser.add_argument("--cache", default=None,
                         help="kernel cache file (default: $H3_KERNEL_CACHE or ~/.cache/h3director/kernels.json)")
     parser.add_argument("--no-cache", action="store_true", help="check only; write nothing")
@@ -26,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def format_report(report) -> str:
+    from h3director.dit.kernel_cache import row_class
+
     rows = [("property", "result", "detail")]
     for name, result in report.results.items():
         rows.append((name, "bit-identical" if result.passed else "DIFFERS",
@@ -36,8 +40,10 @@ def format_report(report) -> str:
     versions = ", ".join(f"{name} {key[name]}" for name in ("torch", "cuda", "hip", "cublas", "cpu_libraries")
                          if key.get(name))
     w = report.widths
-    head = [f"device {report.device} ({key['device_name']}), {report.dtype}, {report.rows} rows, "
-            f"hidden {w.hidden}, {w.heads} heads x {w.head_dim}, FFN {w.ffn}",
+    lo, hi = row_class(report.rows)
+    threads = f", {key['threads']} threads" if key.get("threads") else ""
+    head = [f"device {report.device} ({key['device_name']}{threads}), {report.dtype}, {report.rows} rows "
+            f"(row class {lo:,}-{hi:,}), hidden {w.hidden}, {w.heads} heads x {w.head_dim}, FFN {w.ffn}",
             f"versions: {versions}"]
     tail = [f"note: {note}" for note in report.notes]
     if report.cache_problem:

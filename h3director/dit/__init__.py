@@ -8,7 +8,10 @@ what a long render runs out of. This package holds the framework-neutral parts o
 - `ranges`: how rows and heads are split into chunks;
 - `blocks`: the grouped attention and row-chunked FFN drivers the framework adapters call
   (`h3director.integrations.comfy_dit`, `h3director.integrations.diffusers_dit`);
-- `kernels`: the per-device A/B checks that make "exact where verified" a verified fact (`verify-kernels`);
+- `thread_split`: where PyTorch's CPU elementwise kernels cut a tensor among threads, and which rows of a
+  row chunk the SwiGLU must recompute to take the stock call's code path;
+- `kernels`: the per-device A/B checks that make "exact where verified" a verified fact (`verify-kernels`),
+  per device, library versions, thread count, dtype and row class;
 - `capacity`: the check before each forward: will the chosen tier fit what the device can give?
 - `block_swap`: weights rather than activations: N blocks kept in host RAM and copied in for their turn
   (exact by construction: only placement changes), driven by `integrations.comfy_blockswap` (the

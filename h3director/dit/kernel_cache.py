@@ -9,15 +9,19 @@ torch/CUDA/cuBLAS build says nothing about another. Each cache entry therefore c
 - ``torch``, ``cuda`` (``torch.version.cuda``), ``hip`` (``torch.version.hip``), ``cublas`` (the version
   of the cuBLAS library loaded in this process, or of the pip package that ships it), ``cpu_libraries``
   (the oneDNN/MKL versions torch reports, for the CPU only); absent items are ``None``;
-- ``dtype``: ``"bf16"``, ``"fp16"`` or ``"fp32"``.
+- ``dtype``: ``"bf16"``, ``"fp16"`` or ``"fp32"``;
+- ``threads``: ``torch.get_num_threads()`` on the CPU (where an elementwise kernel's thread ranges decide
+  which elements take its scalar tail: `h3director.dit.thread_split`), None elsewhere.
 
-An entry is trusted only when its key equals the running process's key field for field, and only for
-the layer widths it was verified at. The file (default ``~/.cache/h3director/kernels.json``,
+An entry is trusted only when its key equals the running process's key field for field, only for
+the layer widths it was verified at, and only for its *row class* (`row_class`: the power-of-two band
+of packed rows its ``rows`` falls in; GEMM libraries choose kernels by shape, so a check at 1,024 rows
+says nothing about 38,000). One entry is kept per key, widths and row class. The file (default ``~/.cache/h3director/kernels.json``,
 ``$H3_KERNEL_CACHE`` overrides) is written atomically (`h3director.core.atomic_file`) and validated on
 read: over `MAX_CACHE_BYTES`, not JSON, or not the shape below, it is reported (`CacheRead.problem`)
 and none of it is trusted.
 
-    {"format": "h3director-kernels", "version": 1,
+    {"format": "h3director-kernels", "version": 2,
      "entries": [{"key": {...}, "widths": {...}, "rows": 1024, "verified": [...], "failed": [...],
                   "date": "2026-11-30T18:00:00+00:00", "results": {...}}]}
 """
@@ -40,12 +44,13 @@ from h3director.core.devices import parse_device
 from h3director.dit.tiers import KERNEL_PROPERTIES
 
 CACHE_FORMAT = "h3director-kernels"
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+"""2: keys carry ``threads`` and entries are per row class (version 1 files are reported, not trusted)."""
 MAX_CACHE_BYTES = 1 << 20
 """A cache file larger than this (1 MiB) is refused unread: a real one holds a few KiB."""
 MAX_ENTRIES = 64
 """Entries kept when writing (newest first); older device/library combinations fall off."""
-KEY_FIELDS = ("device_name", "torch", "cuda", "hip", "cublas", "cpu_libraries", "dtype")
+KEY_FIELDS = ("device_name", "torch", "cuda", "hip", "cublas", "cpu_libraries", "dtype", "threads")
 _CUBLAS_PACKAGES = ("nvidia-cublas-cu13", "nvidia-cublas-cu12", "nvidia-cublas-cu11", "nvidia-cublas")
 
 
@@ -139,6 +144,7 @@ def environment_key(device: str, dtype_name: str) -> dict[str, str | None]:
     else:
         key["device_name"] = f"cpu: {_cpu_model()}"
         key["cpu_libraries"] = _cpu_libraries(torch)
+        key["threads"] = str(torch.get_num_threads())
     return key
 
 
@@ -215,23 +221,34 @@ def read_cache(path: str | os.PathLike | None = None) -> CacheRead:
     return CacheRead(final, entries)
 
 
-def find_entry(entries: list[dict[str, Any]], key: dict[str, Any], widths: dict[str, int]) -> dict[str, Any] | None:
-    """The entry filed under exactly ``key`` at exactly ``widths``, or None."""
+def row_class(rows: int) -> tuple[int, int]:
+    """The band of packed row counts a verification at `rows` stands for: ``[2**(k-1), 2**k - 1]`` with
+    ``k = rows.bit_length()`` (1,024 -> 1,024..2,047; 38,000 -> 32,768..65,535)."""
+    k = int(rows).bit_length()
+    return 1 << (k - 1), (1 << k) - 1
+
+
+def find_entry(entries: list[dict[str, Any]], key: dict[str, Any], widths: dict[str, int],
+               rows: int | None = None) -> dict[str, Any] | None:
+    """The entry filed under exactly ``key`` at exactly ``widths`` for the row class of ``rows`` (None:
+    the first such entry of any row class), or None."""
     for entry in entries:
-        if entry["key"] == key and entry["widths"] == widths:
+        if entry["key"] == key and entry["widths"] == widths and (
+                rows is None or row_class(entry["rows"]) == row_class(rows)):
             return entry
     return None
 
 
 def write_entry(entry: dict[str, Any], path: str | os.PathLike | None = None) -> CacheRead:
-    """File ``entry`` (replacing one with the same key and widths), newest first, atomically.
+    """File ``entry`` (replacing one with the same key, widths and row class), newest first, atomically.
 
     Returns what was read before writing: its `problem` says when an unreadable file was replaced."""
     problem = _check_entry(entry, "new entry")
     if problem:
         raise ValueError(problem)
     before = read_cache(path)
-    kept = [e for e in before.entries if not (e["key"] == entry["key"] and e["widths"] == entry["widths"])]
+    kept = [e for e in before.entries if not (e["key"] == entry["key"] and e["widths"] == entry["widths"]
+                                              and row_class(e["rows"]) == row_class(entry["rows"]))]
     document = {"format": CACHE_FORMAT, "version": CACHE_VERSION, "entries": [entry, *kept][:MAX_ENTRIES]}
     with atomic_path(before.path) as temporary:
         temporary.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n", encoding="utf-8")

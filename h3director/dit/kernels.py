@@ -6,7 +6,9 @@ rows, columns or heads. That depends on the device, the library and its version,
 with `torch.equal`, on random inputs (fixed seed) at H3's real layer widths (`H3_WIDTHS`):
 
 - `FFN_ROW_CHUNKS`: the fc1 GEMM (hidden -> 2 x ffn) and the fc2 GEMM (ffn -> hidden) over all rows vs
-  the same GEMM per chunk of rows (several chunk counts, uneven ones included: `ranges.row_ranges`), and
+  the same GEMM per chunk of rows (several chunk counts, uneven ones included: `ranges.row_ranges`), the
+  SwiGLU (`silu(gate) * up`) over fc1's whole output vs per chunk the way the adapters run it
+  (`blocks.swiglu_rows`: rows the CPU thread ranges cut differently recomputed per stock segment), and
   the block's RMSNorm (hidden wide) the same way, under no_grad and under inference_mode;
 - `QKV_COLUMN_GROUPS`: the fused QKV GEMM (hidden -> 3 x heads x head_dim) over all output columns vs
   one GEMM per head group and per q/k/v over that group's weight rows (every head-group count a tier
@@ -20,9 +22,11 @@ Tensors have the layouts the adapters pass (row-major activations ``[rows, featu
 chunked results are written into a preallocated output, as the adapters do, and compared whole.
 
 A pass holds for the checked row counts (`rows`, and the chunk sizes derived from it): GEMM libraries
-choose kernels by shape, so a check at 1,024 rows on a GPU is evidence, not proof, for 110,000 rows.
-Results are filed in the kernel cache (`h3director.dit.kernel_cache`) under the device and library
-versions; `verified_properties` is what `exact only` mode consults.
+choose kernels by shape, so a check at 1,024 rows is evidence, not proof, for 110,000 rows. Results are
+filed in the kernel cache (`h3director.dit.kernel_cache`) under the device, library versions, dtype, CPU
+thread count and the row class of `rows` (`kernel_cache.row_class`); `verified_properties(..., rows=N)`
+is what `exact only` mode consults for a forward of N packed rows: an entry for another row class, device
+or library version is not used (logged once), and `exactness_text` is the sentence the run reports carry.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from typing import Any
 
 from h3director.core.devices import parse_device
 from h3director.dit import kernel_cache
+from h3director.dit.blocks import swiglu_rows
 from h3director.dit.ranges import divisors, head_ranges, row_ranges
 from h3director.dit.tiers import (
     ATTENTION_HEAD_GROUPS,
@@ -283,6 +288,29 @@ def _row_chunked(linear: Linear, x, weight, chunks: int, out) -> int:
     return len(ranges)
 
 
+def _swiglu(h):
+    """ComfyUI's `_swiglu_eager` (diffusers' SwiGLU runs the same two elementwise ops)."""
+    import torch.nn.functional as F
+
+    gate, up = h.chunk(2, dim=-1)
+    return F.silu(gate).mul_(up)
+
+
+def _check_swiglu_rows(fc1_out, rows: int, row_chunks: tuple[int, ...]) -> list[VariantResult]:
+    """SwiGLU over all rows of fc1's output vs per row chunk through `blocks.swiglu_rows`."""
+    import torch
+
+    reference = _swiglu(fc1_out)
+    out = torch.empty_like(reference)
+    variants = []
+    for chunks in _distinct_splits(rows, row_chunks, 1):
+        ranges = row_ranges(rows, chunks)
+        for a, b in ranges:
+            out[a:b] = swiglu_rows(_swiglu, fc1_out[a:b], a, b, rows)
+        variants.append(_compare(f"swiglu {len(ranges)} row chunks", reference, out, len(ranges)))
+    return variants
+
+
 def check_ffn_row_chunks(inputs: _Inputs, rows: int, widths: KernelWidths, row_chunks: tuple[int, ...],
                          linear: Linear) -> tuple[list[VariantResult], dict[str, list[int]]]:
     """fc1 and fc2 over all rows vs per row chunk. Weights are scaled by 1/sqrt(fan-in), as initialised
@@ -300,7 +328,11 @@ def check_ffn_row_chunks(inputs: _Inputs, rows: int, widths: KernelWidths, row_c
         for chunks in _distinct_splits(rows, row_chunks, 1):
             calls = _row_chunked(linear, x, weight, chunks, out)
             variants.append(_compare(f"{name} {calls} row chunks", reference, out, calls))
-        del x, weight, reference, out
+        del x, weight, out
+        if name == "fc1":  # the SwiGLU over fc1's real output, as the adapters chunk it
+            variants += _check_swiglu_rows(reference, rows, row_chunks)
+            shapes["swiglu input"] = list(reference.shape)
+        del reference
     # the row-chunked tiers also run the block's first RMSNorm per range of rows (diffusers' adapter);
     # PyTorch's CPU rms_norm is composite under no_grad and one fused kernel under inference_mode: check both
     x = inputs.normal(rows, widths.hidden)
@@ -473,43 +505,135 @@ def verify_kernels(device: Any = None, dtype: Any = "bf16", rows: int | None = N
 
 @dataclass(frozen=True)
 class CacheLookup:
-    """What the cache says for one device and dtype in this process. `problem`: an unreadable cache
-    file (nothing trusted); `entry`: the matching record, None when there is none."""
+    """What the cache says for one device, dtype and row class in this process. `problem`: an unreadable
+    cache file (nothing trusted); `entry`: the matching record, None when there is none; `rows`: the packed
+    rows asked about (None: any row class)."""
 
     verified: frozenset[str]
     key: dict[str, str | None]
     path: str
     entry: dict[str, Any] | None
     problem: str | None
+    rows: int | None = None
 
 
-def lookup(device: Any, dtype: Any, path: Any = None, widths: KernelWidths | None = None) -> CacheLookup:
+_SAID: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _SAID:
+        _SAID.add(message)
+        log.warning("%s", message)
+
+
+def _unused_entries_note(entries: list[dict[str, Any]], key: dict, widths: dict, rows: int | None) -> str | None:
+    """Why the cache's entries for this device do not apply (another row class, library version, thread
+    count, dtype or widths), or None when it has none for this device."""
+    same_device = [e for e in entries if e["key"].get("device_name") == key.get("device_name")]
+    if not same_device:
+        return None
+    if rows is not None:
+        classes = sorted({kernel_cache.row_class(e["rows"]) for e in same_device
+                          if e["key"] == key and e["widths"] == widths})
+        if classes:
+            have = ", ".join(f"{lo:,}-{hi:,}" for lo, hi in classes)
+            lo, hi = kernel_cache.row_class(rows)
+            return (f"kernel cache {key['device_name']} {key['dtype']}: verified for rows {have}, not for {rows:,} "
+                    f"rows (class {lo:,}-{hi:,}); not used: run `h3director verify-kernels --rows {rows}`")
+    differing = sorted({field for e in same_device for field in kernel_cache.KEY_FIELDS
+                        if e["key"].get(field) != key.get(field)} | (
+        {"widths"} if any(e["widths"] != widths for e in same_device) else set()))
+    return (f"kernel cache has entries for {key['device_name']} under another {', '.join(differing)}; not used "
+            f"(this process: {', '.join(f'{f} {key.get(f)}' for f in differing if f in key)})")
+
+
+def lookup(device: Any, dtype: Any, path: Any = None, widths: KernelWidths | None = None,
+           rows: int | None = None) -> CacheLookup:
     """The cached verification for ``device`` and ``dtype`` under this process's torch/CUDA/cuBLAS
-    versions, at ``widths`` (default `H3_WIDTHS`). A corrupt or oversized cache file is logged and trusted for nothing."""
+    versions and thread count, at ``widths`` (default `H3_WIDTHS`), for the row class of ``rows`` (None:
+    any row class, for display). A corrupt or oversized cache file is logged and trusted for nothing; an
+    entry for this device that does not apply (another row class or versions) is logged once."""
     device = resolve_device(device)
     dtype_name, _ = parse_dtype(dtype)
     key = kernel_cache.environment_key(device, dtype_name)
     read = kernel_cache.read_cache(path)
     widths = H3_WIDTHS if widths is None else widths
     if read.problem:
-        log.warning("%s; no kernel property counts as verified", read.problem)
-    entry = kernel_cache.find_entry(read.entries, key, asdict(widths))
+        _say_once(f"{read.problem}; no kernel property counts as verified")
+    entry = kernel_cache.find_entry(read.entries, key, asdict(widths), rows)
+    if entry is None:
+        note = _unused_entries_note(read.entries, key, asdict(widths), rows)
+        if note:
+            _say_once(note)
     verified = frozenset(entry["verified"]) if entry else frozenset()
-    return CacheLookup(verified, key, str(read.path), entry, read.problem)
+    return CacheLookup(verified, key, str(read.path), entry, read.problem, rows)
 
 
-def verified_properties(device: Any, dtype: Any, path: Any = None, widths: KernelWidths | None = None) -> set[str]:
-    """The kernel properties verified on ``device`` at ``dtype`` with the running library versions
-    (names from `h3director.dit.tiers.KERNEL_PROPERTIES`); empty when nothing matching is cached."""
-    return set(lookup(device, dtype, path, widths).verified)
+def verified_properties(device: Any, dtype: Any, path: Any = None, widths: KernelWidths | None = None,
+                        rows: int | None = None) -> set[str]:
+    """The kernel properties verified on ``device`` at ``dtype`` with the running library versions and
+    thread count, for the row class of ``rows`` (names from `h3director.dit.tiers.KERNEL_PROPERTIES`);
+    empty when nothing matching is cached."""
+    return set(lookup(device, dtype, path, widths, rows).verified)
 
 
-def verified_for_model(device: Any, dtype: Any, widths: KernelWidths | None = None) -> set[str]:
-    """`verified_properties` for a model about to run (what the DiT adapters ask): a device or dtype that
-    `verify-kernels` cannot check (fp8 weights, say) has nothing verified rather than an error, which
-    leaves only the tiers exact by construction to "exact only" mode."""
+def verified_for_model(device: Any, dtype: Any, widths: KernelWidths | None = None,
+                       rows: int | None = None) -> set[str]:
+    """`verified_properties` for a model about to run ``rows`` packed rows (what the DiT adapters ask): a
+    device or dtype that `verify-kernels` cannot check (fp8 weights, say) has nothing verified rather than
+    an error, which leaves only the tiers exact by construction to "exact only" mode."""
     try:
-        return verified_properties(device, dtype, widths=widths)
+        return verified_properties(device, dtype, widths=widths, rows=rows)
     except InvalidInputError as error:
         log.info("no verified kernel properties for %s %s: %s", device, dtype, error)
         return set()
+
+
+def lookup_for_model(device: Any, dtype: Any, widths: KernelWidths | None = None,
+                     rows: int | None = None) -> CacheLookup | None:
+    """`lookup`, or None where `verify-kernels` cannot check the device or dtype."""
+    try:
+        return lookup(device, dtype, widths=widths, rows=rows)
+    except InvalidInputError as error:
+        log.info("no kernel verification for %s %s: %s", device, dtype, error)
+        return None
+
+
+def exactness_text(relies_on: tuple[str, ...] | list[str], found: CacheLookup | None) -> str:
+    """The sentence a run report carries about a tier relying on ``relies_on`` (kernel properties):
+
+    - "exact (by construction: only lifetimes change)" when it relies on none;
+    - "exact (verified: <properties> at <rows> rows (row class ..), <device>, torch <v>, <n> threads, <dtype>,
+      <cache file>)" when the matching cache entry verified them all;
+    - "approximate: max difference <x> measured at <rows> rows, <widths> (<property>: <detail>)" when the
+      entry measured a difference;
+    - "unverified: ..." (no entry for this device, versions and row class) otherwise."""
+    needs = sorted(set(relies_on))
+    if not needs:
+        return "exact (by construction: only lifetimes change)"
+    entry = found.entry if found is not None else None
+    if entry is None:
+        where = ""
+        if found is not None:
+            where = f" on {found.key.get('device_name')} ({found.key.get('dtype')})"
+            if found.rows is not None:
+                lo, hi = kernel_cache.row_class(found.rows)
+                where += f" for {found.rows:,} rows (class {lo:,}-{hi:,})"
+        return f"unverified: {', '.join(needs)} not verified{where}; run `h3director verify-kernels`"
+    key, rows = entry["key"], entry["rows"]
+    lo, hi = kernel_cache.row_class(rows)
+    widths = entry["widths"]
+    shape = (f"{rows:,} rows, hidden {widths.get('hidden')}, {widths.get('heads')}x{widths.get('head_dim')} heads, "
+             f"FFN {widths.get('ffn')}")
+    failed = [name for name in needs if name in entry["failed"]]
+    if failed:
+        results = entry.get("results", {})
+        worst = max((results.get(n, {}).get("max_abs_diff") or 0.0) for n in failed)
+        detail = "; ".join(f"{n}: {results.get(n, {}).get('detail', 'differs')}" for n in failed)
+        return f"approximate: max difference {worst:.3g} measured at {shape}, {key.get('dtype')} ({detail})"
+    missing = [name for name in needs if name not in entry["verified"]]
+    if missing:
+        return f"unverified: {', '.join(missing)} not checked at {shape}; run `h3director verify-kernels`"
+    threads = f", {key['threads']} threads" if key.get("threads") else ""
+    return (f"exact (verified: {', '.join(needs)} at {shape} (row class {lo:,}-{hi:,}), {key.get('device_name')}, "
+            f"torch {key.get('torch')}{threads}, {key.get('dtype')}, {found.path})")

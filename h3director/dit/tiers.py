@@ -11,7 +11,8 @@ A `DiTMemoryPlan` is one *tier*. The techniques, with their exactness class:
   its output-column count and the attention kernel computes heads independently;
 - `ffn_chunks` > 1 (exact where verified): norm, modulation, fc1, SwiGLU, fc2 and the gated residual
   run per chunk of rows, in the stock op order; bit-identical where the GEMMs are invariant to their
-  row count M;
+  row count M (on the CPU the SwiGLU rows whose thread cuts differ are recomputed as the stock call cuts
+  them: `h3director.dit.thread_split`);
 - `query_chunks` > 1 (exact where verified): each head group's attention runs over blocks of query
   rows aligned to `QUERY_ALIGN` rows; bit-identical where the kernel computes query rows independently.
 
@@ -151,3 +152,23 @@ def escalation_ladder(heads: int, rows: int | None = None, max_query_chunks: int
             continue
         fitting.append(plan)
     return fitting
+
+
+def keep_verified(plan: DiTMemoryPlan, verified: set[str] | frozenset[str]) -> tuple[DiTMemoryPlan, list[str]]:
+    """`plan` with every technique whose kernel properties are not all in `verified` set back to its stock
+    form (head groups, query chunks or FFN row chunks to 1), and one note per technique kept stock. What
+    "exact only" runs from."""
+    notes = []
+    head, query, ffn = plan.head_chunks, plan.query_chunks, plan.ffn_chunks
+    if head > 1 and not {QKV_COLUMN_GROUPS, ATTENTION_HEAD_GROUPS} <= set(verified):
+        head, query = 1, 1
+        notes.append(f"head groups ({plan.head_chunks}) not verified for this shape: stock attention projection")
+    if query > 1 and ATTENTION_QUERY_CHUNKS not in verified:
+        query = 1
+        notes.append(f"query chunks ({plan.query_chunks}) not verified for this shape: one attention call per group")
+    if ffn > 1 and FFN_ROW_CHUNKS not in verified:
+        ffn = 1
+        notes.append(f"FFN row chunks ({plan.ffn_chunks}) not verified for this shape: stock FFN in one chunk")
+    if not notes:
+        return plan, []
+    return DiTMemoryPlan(head_chunks=head, ffn_chunks=ffn, query_chunks=query, lifetime=plan.lifetime), notes

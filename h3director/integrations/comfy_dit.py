@@ -21,7 +21,9 @@ order; the tier (`h3director.dit.tiers.DiTMemoryPlan`) changes lifetimes and gro
 - query chunks (exact where verified): inside a group, attention per `QUERY_ALIGN`-aligned query block;
 - FFN row chunks (exact where verified): norm2, modulation, fc1, SwiGLU (`comfy.ops.INPUT_ACT_EAGER`,
   what `linear_input_act` runs for unquantised weights), fc2 and the gated residual per row range,
-  added into the residual stream in place as the stock block does; fc1/fc2 cast once per block.
+  added into the residual stream in place as the stock block does; fc1/fc2 cast once per block. On the
+  CPU, the few rows whose SiLU the stock call's thread ranges cut elsewhere than the chunk's call does are
+  recomputed per segment of the stock call (`h3director.dit.blocks.swiglu_rows`), so they take the stock code path.
 
 Quantised or unrecognised linear ops (a `QuantizedTensor` weight, a `layout_type`, fp8/cuBLAS op
 classes): row-slicing the weight, or row-chunking an input whose quantisation scale comes from the whole
@@ -40,7 +42,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from h3director.dit.blocks import chunked_rows, grouped_attention
+from h3director.dit.blocks import chunked_rows, grouped_attention, swiglu_rows
 from h3director.dit.ranges import row_ranges
 from h3director.dit.tiers import QUERY_ALIGN, STOCK, DiTMemoryPlan
 from h3director.errors import InvalidInputError
@@ -271,7 +273,7 @@ def _ffn(block, plan: DiTMemoryPlan, x, terms: list, segments, kept: set[str]) -
             terms[0] = terms[1] = None
         t = F.linear(t, w1.weight, w1.bias) if w1 is not None else mlp.fc1(t)
         if w2 is not None:
-            t = swiglu(t)
+            t = swiglu_rows(swiglu, t, a, b, x.shape[0])
             t = F.linear(t, w2.weight, w2.bias)
         else:
             t = ops.linear_input_act(mlp.fc2, t, "swiglu")
@@ -326,20 +328,32 @@ def packed_rows(diffusion_model, x, context, payload: dict | None) -> int:
     return int(layout.seq_len)
 
 
-def verified_here(device, dtype) -> set[str]:
-    """Kernel properties `verify-kernels` passed for `device` at `dtype` at H3's real widths (empty when none
-    are cached, or the dtype is one it cannot check)."""
+def verified_here(device, dtype, rows: int | None = None, widths=None) -> set[str]:
+    """Kernel properties `verify-kernels` passed for `device` at `dtype`, at `widths` (a
+    `h3director.dit.kernels.KernelWidths`; None: H3's real widths), for the row class of `rows` (None: any);
+    empty when none are cached, or the dtype is one it cannot check."""
     from h3director.dit.kernels import verified_for_model
 
-    return verified_for_model(str(device), dtype)
+    return verified_for_model(str(device), dtype, widths=widths, rows=rows)
+
+
+def kernel_widths(diffusion_model):
+    """`h3director.dit.kernels.KernelWidths` of a ComfyUI `MiniMaxH3Model` (what its blocks run)."""
+    from h3director.dit.kernels import KernelWidths
+
+    shape = comfy_shape(diffusion_model)
+    return KernelWidths(hidden=shape.hidden, heads=shape.heads, head_dim=shape.head_dim, ffn=shape.ffn)
 
 
 @dataclass
 class DiTMemoryHandle:
     """One installation on one patched MODEL: the chosen floor, and what the last forward ran.
 
-    `last_report` (after a forward): tier (`describe()`), plan (`as_dict()`), exactness, verified (every
-    property the tier relies on passed `verify-kernels` on this device), rows, need_bytes/have_bytes
+    `last_report` (after a forward): tier (`describe()`), plan (`as_dict()`), exactness (the class),
+    exactness_detail ("exact (verified: <what, where>)", "exact (by construction ...)", "approximate: max
+    difference X measured at <shape>" or "unverified: ..."; `h3director.dit.kernels.exactness_text`),
+    verified (every property the tier relies on passed `verify-kernels` on this device, dtype, thread count
+    and row class), kept_stock_unverified (in "exact only": techniques of the floor run stock), rows, need_bytes/have_bytes
     (when a capacity check ran; have includes `reclaimable_bytes`, the weights Dynamic VRAM would evict),
     kept_stock (projections that kept their stock call), escalated, and on CUDA measured_peak_bytes (above
     what was allocated before the forward) and the capacity check's calibration after it.
@@ -366,20 +380,30 @@ class DiTMemoryHandle:
     def plan(self) -> DiTMemoryPlan:
         return self.floor
 
-    def choose(self, rows: int, dtype, device, capacity) -> tuple[DiTMemoryPlan, dict]:
-        """The tier `capacity` (a `CapacityCheck`) picks for a forward of `rows` packed rows; raises
-        `InvalidInputError` / `BudgetError`."""
-        verified = verified_here(device, dtype)
+    def choose(self, rows: int, dtype, device, capacity, widths=None) -> tuple[DiTMemoryPlan, dict]:
+        """The tier `capacity` (a `CapacityCheck`) picks for a forward of `rows` packed rows of a model with
+        `widths` (`KernelWidths`; None: H3's); raises `InvalidInputError` / `BudgetError`. In "exact only"
+        the floor first drops every technique not verified for this row class (`tiers.keep_verified`), and
+        the report says which parts kept the stock op."""
+        from h3director.dit.kernels import exactness_text, lookup_for_model
+        from h3director.dit.tiers import keep_verified
+
+        found = lookup_for_model(str(device), dtype, widths=widths, rows=rows)
+        verified = set(found.verified) if found is not None else set()
         report: dict[str, Any] = {"rows": rows, "mode": self.mode, "device": str(device)}
         floor = self.floor
         floor.check_fits(self.heads, rows)
+        if self.mode == "exact only":
+            floor, notes = keep_verified(floor, verified)
+            report["kept_stock_unverified"] = notes
         decision = capacity.choose(rows, dtype, floor, self.mode, verified)
         plan = decision.plan
         report.update(need_bytes=int(decision.need_bytes), have_bytes=int(decision.have_bytes),
                       escalated=bool(decision.escalated))
         report.update(tier=plan.describe(), plan=plan.as_dict(), exactness=plan.exactness.value,
                       verified=set(plan.relies_on) <= verified,
-                      unverified=sorted(set(plan.relies_on) - verified))
+                      unverified=sorted(set(plan.relies_on) - verified),
+                      exactness_detail=exactness_text(plan.relies_on, found))
         return plan, report
 
 
@@ -473,7 +497,7 @@ class _ForwardWrapper:
             handle.own_capacity = True
         if handle.own_capacity:
             handle.capacity.reclaimable_bytes = reclaimable_weight_bytes(model)
-        plan, report = handle.choose(rows, context.dtype, device, handle.capacity)
+        plan, report = handle.choose(rows, context.dtype, device, handle.capacity, kernel_widths(model))
         if handle.own_capacity:
             report["reclaimable_bytes"] = handle.capacity.reclaimable_bytes
         active = {"model": model, "plan": plan, "kept": set()}
@@ -494,8 +518,9 @@ class _ForwardWrapper:
             if handle.capacity is not None:
                 report["calibration"] = handle.capacity.observe(rows, plan, peak, context.dtype)
         if report["tier"] != handle.last_report.get("tier") or report["rows"] != handle.last_report.get("rows"):
-            log.info("H3 Director DiT memory: %s (%s, %s) for %d rows", report["tier"], report["exactness"],
-                     "verified on this device" if report["verified"] else "not verified on this device", rows)
+            log.info("H3 Director DiT memory: %s (%s; %s) for %d rows%s", report["tier"], report["exactness"],
+                     report["exactness_detail"], rows,
+                     "".join(f"; {note}" for note in report.get("kept_stock_unverified", ())))
         handle.reports += 1
         report["forward"] = handle.reports
         handle.last_report = report

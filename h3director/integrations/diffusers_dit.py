@@ -39,7 +39,9 @@ diffusers ledgers at the model's own widths, on the model's device, with `budget
 every transformer forward, from a forward pre-hook, with `rows` = the packed sequence length (`position_ids.shape[0]`) and the given
 chunk counts as the floor; `"exact only"` passes the kernel properties
 `h3director.dit.kernels.verified_for_model(device, dtype)` reports (none when nothing is cached for
-this device, which leaves only tiers exact by construction).
+this device, dtype, thread count and row class, which leaves only tiers exact by construction); in
+`"exact only"` the floor first drops every technique not verified for the forward's row class
+(`h3director.dit.tiers.keep_verified`: that part runs the stock op, and the report says so).
 
 Composing with group offload: apply the plan first, then
 `transformer.enable_group_offload(onload_device, offload_type="block_level", num_blocks_per_group=1,
@@ -70,7 +72,7 @@ from diffusers.models.transformers.transformer_minimax_h3 import (
     _apply_rotary_emb,
 )
 
-from h3director.dit.blocks import chunked_rows, grouped_attention
+from h3director.dit.blocks import chunked_rows, grouped_attention, thread_cut_rows
 from h3director.dit.tiers import LIFETIME_ONLY, STOCK, DiTMemoryPlan
 from h3director.errors import InvalidInputError
 
@@ -209,9 +211,12 @@ class H3DirectorAttnProcessor:
         return project
 
 
-def _feed_forward_rows(ff: nn.Module, hidden: list) -> torch.Tensor:
+def _feed_forward_rows(ff: nn.Module, hidden: list, span: tuple[int, int, int] | None = None) -> torch.Tensor:
     """`ff(hidden[0])` with the stock op order (`net[0].proj`, chunk, `x * silu(gate)`, `net[1]`,
-    `net[2]`), dropping the input after fc1. `hidden` is a one-element list emptied here."""
+    `net[2]`), dropping the input after fc1. `hidden` is a one-element list emptied here. `span`
+    `(start, stop, total)`: these are rows `start:stop` of a `total`-row sequence; on the CPU the rows
+    whose SiLU the stock call's thread ranges cut elsewhere are recomputed per segment of that call
+    (`h3director.dit.blocks.thread_cut_rows`), so every element takes the stock code path."""
     x = hidden.pop()
     if _has_hooks(ff) or _has_hooks(ff.net[0]):
         return ff(x)  # hooks on the container modules: call them as stock (no lifetime saving here)
@@ -221,6 +226,10 @@ def _feed_forward_rows(ff: nn.Module, hidden: list) -> torch.Tensor:
     value, gate = projected.chunk(2, dim=-1)
     del projected
     out = swiglu.activation(gate)
+    if span is not None:
+        for b, row, spans in thread_cut_rows(gate.device, *span, gate.shape[-1], gate.shape[0]):
+            for c0, c1 in spans:
+                out[b, row, c0:c1] = swiglu.activation(gate[b, row, c0:c1])
     del gate
     # stock: value * silu(gate). One IEEE multiply is commutative to the bit, so multiplying into the SiLU
     # buffer gives the same values without allocating the product (a placement change only).
@@ -276,7 +285,7 @@ def _block_forward(block: MiniMaxH3TransformerBlock, plan: DiTMemoryPlan, hidden
         normed = normed * (1.0 + scale_mlp.index_select(0, index)) + shift_mlp.index_select(0, index)
         carrier = [normed]
         del normed
-        ff_output = _feed_forward_rows(block.ff, carrier)
+        ff_output = _feed_forward_rows(block.ff, carrier, (a, b, rows))
         ff_output = gate_mlp.index_select(0, index) * ff_output
         part.add_(ff_output)
 
@@ -313,8 +322,10 @@ class DiTMemoryHandle:
     - `plan`: the tier the next (or current) forward runs: the given one in `"fixed"` mode, the
       capacity check's choice in `"auto"` / `"exact only"` (the given chunk counts are its floor);
     - `last_report`: a dict about the last forward: `tier` (human form), `plan` (`DiTMemoryPlan.as_dict()`),
-      `exactness`, `verified` (True when every kernel property the tier relies on is verified on this
-      device, or it relies on none), `rows` (packed sequence length), `mode`; when a capacity check ran,
+      `exactness`, `exactness_detail` ("exact (verified: <what, where>)", "approximate: max difference X
+      measured at <shape>", ...: `h3director.dit.kernels.exactness_text`), `verified` (True when every
+      kernel property the tier relies on is verified on this device, dtype, thread count and row class, or
+      it relies on none), `kept_stock_unverified` (in "exact only": techniques of the floor run stock), `rows` (packed sequence length), `mode`; when a capacity check ran,
       also `need_bytes`, `have_bytes` (bytes) and `escalated`. `None` before the first forward;
     - `remove()`: restores the stock processors and block forwards (calling it twice does nothing).
     """
@@ -329,7 +340,7 @@ class DiTMemoryHandle:
         self.last_report: dict | None = None
         self._installed: list[_Installed] = []
         self._pre_hook = None
-        self._verified_cache: dict[tuple[str, str], set[str]] = {}
+        self._verified_cache: dict[tuple, Any] = {}
         self.removed = False
 
     # -- per-forward choice -------------------------------------------------------------------------
@@ -340,10 +351,15 @@ class DiTMemoryHandle:
         # one group, one query block: the stock processor's arithmetic
         return LIFETIME_ONLY if torch.is_grad_enabled() else self.plan
 
-    def _verified(self, device: torch.device, dtype: torch.dtype) -> set[str]:
-        key = (str(device), str(dtype))
+    def _lookup(self, device: torch.device, dtype: torch.dtype, rows: int | None):
+        """The kernel cache's verdict for this device, dtype, thread count and row class (cached per class)."""
+        from h3director.dit import kernels
+        from h3director.dit.kernel_cache import row_class
+
+        key = (str(device), str(dtype), row_class(rows) if rows else None, torch.get_num_threads())
         if key not in self._verified_cache:
-            self._verified_cache[key] = verified_kernel_properties(device, dtype, self.transformer.config)
+            self._verified_cache[key] = kernels.lookup_for_model(device, dtype, _widths(self.transformer.config),
+                                                                 rows)
         return self._verified_cache[key]
 
     def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -355,22 +371,31 @@ class DiTMemoryHandle:
         device = sample.device if isinstance(sample, torch.Tensor) else torch.device("cpu")
         dtype = get_parameter_dtype(module.context_embedder)
         heads = module.config.num_attention_heads
-        verified = self._verified(device, dtype)
+        from h3director.dit.kernels import exactness_text
+        from h3director.dit.tiers import keep_verified
+
+        found = self._lookup(device, dtype, rows)
+        verified = set(found.verified) if found is not None else set()
         report: dict[str, Any] = {"rows": rows, "mode": self.mode}
+        floor = self.floor
+        if self.mode == "exact only":
+            floor, notes = keep_verified(floor, verified)
+            report["kept_stock_unverified"] = notes
         if self.capacity is None:
-            plan = self.floor
+            plan = floor
             plan.check_fits(heads, rows)
             report["verified"] = set(plan.relies_on) <= verified
         else:
             if rows is None:
                 raise InvalidInputError("the capacity check needs the packed sequence length: pass position_ids")
-            decision = self.capacity.choose(rows=rows, dtype=dtype, floor=self.floor, mode=self.mode,
+            decision = self.capacity.choose(rows=rows, dtype=dtype, floor=floor, mode=self.mode,
                                             verified=verified)
             plan = decision.plan
             plan.check_fits(heads, rows)
             report.update(verified=bool(decision.verified_exact), need_bytes=int(decision.need_bytes),
                           have_bytes=int(decision.have_bytes), escalated=bool(decision.escalated))
-        report.update(tier=plan.describe(), plan=plan.as_dict(), exactness=plan.exactness.value)
+        report.update(tier=plan.describe(), plan=plan.as_dict(), exactness=plan.exactness.value,
+                      exactness_detail=exactness_text(plan.relies_on, found))
         if torch.is_grad_enabled():
             report["tier"] = "stock block (autograd is recording)"
         self.plan = plan
@@ -421,19 +446,24 @@ class DiTMemoryHandle:
         self.removed = True
 
 
-def verified_kernel_properties(device: torch.device, dtype: torch.dtype,
-                               config: Any | None = None) -> set[str]:
-    """Kernel properties (`h3director.dit.tiers` names) that `verify-kernels` verified on `device` for
-    `dtype`, at the widths of `config` (a `MiniMaxH3Transformer3DModel.config`; H3's real widths when None),
-    from `h3director.dit.kernels`' cache (`verified_for_model`: empty when nothing is verified, then only tiers
-    exact by construction count as verified)."""
+def _widths(config: Any | None):
     from h3director.dit import kernels
 
-    widths = None
-    if config is not None:
-        widths = kernels.KernelWidths(hidden=config.hidden_size, heads=config.num_attention_heads,
-                                      head_dim=config.attention_head_dim, ffn=config.ffn_dim)
-    return kernels.verified_for_model(device, dtype, widths=widths)
+    if config is None:
+        return None
+    return kernels.KernelWidths(hidden=config.hidden_size, heads=config.num_attention_heads,
+                                head_dim=config.attention_head_dim, ffn=config.ffn_dim)
+
+
+def verified_kernel_properties(device: torch.device, dtype: torch.dtype,
+                               config: Any | None = None, rows: int | None = None) -> set[str]:
+    """Kernel properties (`h3director.dit.tiers` names) that `verify-kernels` verified on `device` for
+    `dtype`, at the widths of `config` (a `MiniMaxH3Transformer3DModel.config`; H3's real widths when None),
+    for the row class of `rows` (None: any), from `h3director.dit.kernels`' cache (`verified_for_model`:
+    empty when nothing is verified, then only tiers exact by construction count as verified)."""
+    from h3director.dit import kernels
+
+    return kernels.verified_for_model(device, dtype, widths=_widths(config), rows=rows)
 
 
 def default_capacity(transformer: MiniMaxH3Transformer3DModel, budget_bytes: int | None = None):
