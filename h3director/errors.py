@@ -33,7 +33,7 @@ EXTRA_REQUIREMENTS: dict[str, tuple[str, ...]] = {
     "nvml": ("nvidia-ml-py>=12",),
     "flow": ("opencv-python-headless>=4.8",),
     "farm": ("ray[client]>=2.40", "rich>=13"),
-    "upscale": ("spandrel>=0.4",),
+    "upscale": ("spandrel>=0.4", "pillow>=10"),
 }
 
 

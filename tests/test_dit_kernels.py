@@ -59,16 +59,20 @@ def _queries_noise(q, k, v):
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_cpu_report_runs_every_property_and_finds_the_splits_equal(dtype, cache_file):
+def test_cpu_report_runs_every_property_and_its_verdicts_follow_the_splits(dtype, cache_file):
+    """Whether a split is bit-identical is a fact of this CPU and library (bf16 attention query chunks differed on
+    one build machine and not on another): the report must run every property and state what it found, a
+    property passing exactly when every one of its splits was equal, with the largest difference otherwise."""
     report = verify_kernels("cpu", dtype, rows=ROWS, widths=SMALL)
     assert report.device == "cpu" and report.dtype == dtype and report.rows == ROWS
     assert set(report.results) == set(KERNEL_PROPERTIES)
     for name, result in report.results.items():
-        assert result.variants, name
-        assert result.passed and result.max_abs_diff is None, (name, result.detail())
-        assert all(v.equal and v.calls >= 2 for v in result.variants)
-        assert result.seconds >= 0 and "bit-identical" in result.detail()
-    assert report.verified == frozenset(KERNEL_PROPERTIES) and not report.failed
+        assert result.variants and all(v.calls >= 2 for v in result.variants), name
+        assert result.passed == all(v.equal for v in result.variants), name
+        assert (result.max_abs_diff is None) == result.passed, (name, result.detail())
+        assert ("bit-identical" in result.detail()) == result.passed and result.seconds >= 0
+    assert report.verified == frozenset(n for n, r in report.results.items() if r.passed)
+    assert set(report.failed) == {n for n, r in report.results.items() if not r.passed}
     # every head-group count a tier can use (divisors of 4 above 1), uneven row chunks included
     qkv = [v.label for v in report.results[QKV_COLUMN_GROUPS].variants]
     assert qkv[:2] == ["2 head groups", "4 head groups"]
@@ -77,7 +81,7 @@ def test_cpu_report_runs_every_property_and_finds_the_splits_equal(dtype, cache_
     assert report.key["dtype"] == dtype and report.key["torch"] == torch.__version__
     assert report.key["device_name"].startswith("cpu: ")
     document = report.to_dict()
-    assert json.loads(json.dumps(document))["verified"] == sorted(KERNEL_PROPERTIES)
+    assert json.loads(json.dumps(document))["verified"] == sorted(report.verified)
     assert report.cache_path is None and not cache_file.exists()  # cache=False writes nothing
 
 

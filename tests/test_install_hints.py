@@ -27,7 +27,7 @@ PACKAGE = REPO / "h3director"
 #: Import name -> distribution name, for the imports whose names differ.
 DISTRIBUTIONS = {"cv2": "opencv-python-headless", "yaml": "pyyaml", "PIL": "pillow", "pynvml": "nvidia-ml-py"}
 #: What ComfyUI itself provides to every custom node (its own modules and its essential requirements).
-COMFYUI_PROVIDES = {"comfy", "comfy_api", "comfy_execution", "folder_paths", "server", "torch", "numpy", "PIL",
+COMFYUI_PROVIDES = {"comfy", "comfy_api", "comfy_execution", "folder_paths", "server", "execution", "nodes", "torch", "numpy", "PIL",
                     "aiohttp"}
 #: Imported only where the pack runs without them: the diffusers adapters (library use), NVML (the monitor reads
 #: torch without it; doctor says "not installed" and the command), and the farm and CLI, which ComfyUI never runs.
