@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def code_version() -> dict:
-    """{"commit": 40 hex digits or None outside git, "dirty": uncommitted changes to tracked files}."""
+    """{"commit": 40 hex digits or None outside git, "dirty": uncommitted changes to tracked code (results files
+    and documents do not count)}."""
     def git(*args: str) -> str | None:
         try:
             return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True,
@@ -29,7 +30,8 @@ def code_version() -> dict:
             return None
 
     commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no")
+    # results files and documents are not code: a bench run after another bench wrote its results is clean
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results", ":!docs", ":!*.md")
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 
