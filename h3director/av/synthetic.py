@@ -71,6 +71,12 @@ def _fade(events: np.ndarray, times: np.ndarray) -> np.ndarray:
     return out
 
 
+def _clocks(seconds: float, fps: float, sample_rate: int) -> tuple[np.ndarray, np.ndarray]:
+    """The timestamps (seconds) of the frames and of the samples of a clip `seconds` long."""
+    return (np.arange(int(round(seconds * fps))) / fps,
+            np.arange(int(round(seconds * sample_rate))) / sample_rate)
+
+
 def synthetic_tracks(kind: str, offset_ms: float, seconds: float = 6.0, fps: float = 24.0,
                      sample_rate: int = 32000, size: tuple[int, int] = (96, 64), seed: int = 0,
                      ) -> tuple[np.ndarray, np.ndarray]:
@@ -80,10 +86,9 @@ def synthetic_tracks(kind: str, offset_ms: float, seconds: float = 6.0, fps: flo
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     rng = np.random.default_rng(seed)
     width, height = size
-    frames_count = int(round(seconds * fps))
-    frame_times = np.arange(frames_count) / fps
-    samples_count = int(round(seconds * sample_rate))
-    sample_times = np.arange(samples_count) / sample_rate - offset_ms / 1000.0  # scene time of each sample
+    frame_times, sample_times = _clocks(seconds, fps, sample_rate)
+    frames_count, samples_count = len(frame_times), len(sample_times)
+    sample_times = sample_times - offset_ms / 1000.0  # scene time of each sample
 
     ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
     base = 70.0 + 30.0 * xs / max(1, width - 1)
@@ -155,10 +160,8 @@ def beep_flash_tracks(offset_ms: float, *, flash: str = "step", flash_frames: in
         raise ValueError(f"flash must be one of {FLASH_SHAPES} and tone one of {TONE_SHAPES}")
     rng = np.random.default_rng(seed)
     width, height = size
-    frames_count = int(round(seconds * fps))
-    frame_times = np.arange(frames_count) / fps
-    samples_count = int(round(seconds * sample_rate))
-    sample_times = np.arange(samples_count) / sample_rate
+    frame_times, sample_times = _clocks(seconds, fps, sample_rate)
+    frames_count, samples_count = len(frame_times), len(sample_times)
     events, t = [], 0.4 + rng.uniform(0, 0.3)
     while t < seconds - 1.0:
         events.append(round(t * fps) / fps)                       # on a frame's timestamp
