@@ -252,6 +252,7 @@ def test_missing_spandrel_names_the_extra(monkeypatch):
     from h3director.integrations.spandrel_models import load_upscale_model
 
     monkeypatch.setitem(sys.modules, "spandrel", None)   # import spandrel -> ImportError
+    monkeypatch.delitem(sys.modules, "folder_paths", raising=False)   # library use, whatever earlier tests imported
     model = __file__  # an existing file: the check for spandrel comes next
     with pytest.raises(InvalidInputError, match=r"h3director\[upscale\].*torchvision"):
         load_upscale_model(model)
