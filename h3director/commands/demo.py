@@ -2,9 +2,11 @@
 
 Runs on the CPU in under a minute with no download: the models are small random-initialised
 configs of the REAL diffusers classes (`AutoencoderKLMiniMaxH3`, `AutoencoderKLMiniMaxH3Audio`,
-see `h3director.integrations.tiny`) and the latents are seeded noise. Two phases, each measured as
-the peak resident memory above the phase's starting point (the kernel's exact high-water mark,
-reset per phase on Linux) and its wall time:
+see `h3director.integrations.tiny`) and the latents are seeded noise. Two phases, each in a process of its
+own (forked before the parent builds anything, so neither inherits what the other left in the allocator), each
+measured as the peak resident memory above the phase's starting point (the kernel's exact high-water mark,
+reset in that process on Linux) and its wall time; the parent's monitor samples the running phase's RSS for the
+timeline:
 
 - stock: diffusers' H3 decode path: `vae.decode` of the whole latent, then the pipeline's pixel
   de-normalisation and `VideoProcessor` post-processing to uint8 frames; `audio_vae.decode`;
@@ -47,9 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @dataclass
 class PhaseResult:
+    """One phase's measurement: `peak_bytes` above `base_bytes` (its process's RSS when it started; None until
+    known: where the kernel's high-water mark cannot be reset, the parent fills it from the sampled RSS)."""
+
     name: str
-    peak_bytes: int
+    peak_bytes: int | None
     seconds: float
+    base_bytes: int = 0
 
 
 def _parse_size(text: str) -> tuple[int, int]:
@@ -66,31 +72,121 @@ def _parse_size(text: str) -> tuple[int, int]:
     return width, height
 
 
-class _Phase:
-    """Measure one phase: exact peak RSS above its start (`h3director.core.devices.reset_peak_rss`) and wall time."""
+def _measure(work) -> tuple[PhaseResult, object]:
+    """Run `work()` and measure it: exact peak RSS above its start (`h3director.core.devices.reset_peak_rss`;
+    the monitor's sampled peak where that is impossible) and wall time; returns (its measurement, its result)."""
+    from h3director.core.devices import peak_rss_bytes, process_rss_bytes, reset_peak_rss
+    from h3director.core.host_heap import release_free_heap
 
-    def __init__(self, monitor, name: str) -> None:
-        self.monitor, self.name = monitor, name
+    release_free_heap()
+    exact = reset_peak_rss()
+    base = process_rss_bytes()
+    started = time.perf_counter()
+    result = work()
+    seconds = time.perf_counter() - started
+    peak = peak_rss_bytes() if exact else None
+    return PhaseResult("", None if peak is None else max(0, int(peak) - base), seconds, base), result
 
-    def __enter__(self) -> _Phase:
-        from h3director.core.devices import process_rss_bytes, reset_peak_rss
-        from h3director.core.host_heap import release_free_heap
 
-        release_free_heap()
-        self.exact = reset_peak_rss()
-        self.base = process_rss_bytes()
-        self._phase = self.monitor.phase(self.name)
-        self._phase.__enter__()
-        self.started = time.perf_counter()
-        return self
+def _phase_process(kind: str, frames: int, width: int, height: int, seed: int, video_path: str, connection) -> None:
+    """One phase in a process of its own (forked before any model or tensor exists in the parent, so neither phase
+    inherits what the other left in the allocator): build the seeded models and latents, warm up, measure the
+    phase, send (PhaseResult, digests, audio) back through `connection`."""
+    try:
+        measured, raw, uint8, audio, chunk = _run_phase(kind, frames, width, height, seed, video_path)
+        audio = None if audio is None else audio.detach().cpu().numpy()   # plain bytes: torch would share an fd
+        connection.send(("ok", (measured, raw, uint8, audio, chunk)))
+    except BaseException as error:  # noqa: BLE001 - reported by the parent
+        connection.send(("error", f"{type(error).__name__}: {error}"))
+    finally:
+        connection.close()
 
-    def __exit__(self, *exc_info) -> None:
-        from h3director.core.devices import peak_rss_bytes
 
-        self.seconds = time.perf_counter() - self.started
-        self._phase.__exit__(*exc_info)
-        peak = peak_rss_bytes() if self.exact else self.monitor.report().phase_peaks[self.name]["host.rss_bytes"]
-        self.result = PhaseResult(self.name, max(0, int(peak) - self.base), self.seconds)
+def _run_phase(kind: str, frames: int, width: int, height: int, seed: int, video_path: str):
+    import torch
+
+    from h3director.geometry import (
+        AUDIO_LATENT_CHANNELS,
+        SPATIAL_RATIO,
+        VIDEO_LATENT_CHANNELS,
+        audio_latent_frames_for,
+        latent_frames_for,
+    )
+    from h3director.integrations import load_vae, stock_h3
+    from h3director.integrations.tiny import tiny_h3_audio_vae, tiny_h3_vae
+    from h3director.video.scheduler import AudioJob, stream_decode
+    from h3director.video.sinks import DigestSink, TeeSink, VideoFileSink
+    from h3director.video.sinks_compose import frame_digests
+
+    generator = torch.Generator().manual_seed(seed)
+    latents = torch.randn((1, VIDEO_LATENT_CHANNELS, latent_frames_for(frames), height // SPATIAL_RATIO,
+                           width // SPATIAL_RATIO), generator=generator)
+    audio_latents = torch.randn((2, AUDIO_LATENT_CHANNELS, audio_latent_frames_for(frames)), generator=generator)
+    vae, audio_vae = tiny_h3_vae(seed=seed), tiny_h3_audio_vae(seed=seed)
+    with torch.no_grad():  # warm-up (thread pools, lazy initialisation) so the phase does not pay for it
+        vae.decode(latents[:, :, :3, :4, :4])
+    if kind == "stock":
+        def work():
+            video = stock_h3.stock_video_decode(vae, latents)
+            return video, stock_h3.stock_uint8_frames(video), stock_h3.stock_audio_decode(audio_vae, audio_latents)
+
+        measured, (video, uint8, audio) = _measure(work)
+        return measured, frame_digests(video[0], frame_axis=1), frame_digests(uint8[0], frame_axis=0), audio, None
+    video_adapter, audio_adapter = load_vae.video_adapter_for(vae), load_vae.audio_adapter_for(audio_vae)
+    digest = DigestSink()
+
+    def work():
+        sink = TeeSink([VideoFileSink(video_path, audio_sample_rate=audio_adapter.sample_rate), digest])
+        stream_decode(video_adapter, latents, sink, audio=AudioJob(audio_adapter, audio_latents), tiles_per_call=1)
+
+    measured, _ = _measure(work)
+    return measured, digest.raw_digests, digest.uint8_digests, digest.audio, audio_adapter.chunk_latents()
+
+
+def _in_own_process(kind: str, args, width: int, height: int, video_path: Path, monitor):
+    """Run one phase in a forked process while `monitor` samples that process's RSS (series "phase.rss_bytes")."""
+    import multiprocessing
+
+    import psutil
+
+    from h3director.errors import H3DirectorError
+
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_phase_process, args=(kind, args.frames, width, height, args.seed,
+                                                           str(video_path), send), daemon=True)
+    name = f"{kind} decode"
+    with monitor.phase(name):
+        process.start()
+        send.close()
+        _CURRENT["process"] = psutil.Process(process.pid)
+        try:
+            status, payload = receive.recv()
+        except EOFError:
+            status, payload = "error", f"the {kind} phase's process ended (exit code {process.exitcode})"
+        finally:
+            process.join()
+            _CURRENT["process"] = None
+    if status != "ok":
+        raise H3DirectorError(f"demo: the {kind} phase failed: {payload}")
+    measured = payload[0]
+    if measured.peak_bytes is None:      # no exact high-water mark here: the monitor's sampled peak
+        sampled = monitor.report().phase_peaks.get(name, {}).get("phase.rss_bytes") or 0
+        measured.peak_bytes = max(0, int(sampled) - measured.base_bytes)
+    measured.name = name
+    return payload
+
+
+_CURRENT: dict = {"process": None}
+
+
+def _phase_rss() -> float | None:
+    process = _CURRENT["process"]
+    try:
+        return float(process.memory_info().rss) if process is not None else None
+    except Exception:  # noqa: BLE001 - the process ended between two samples
+        return None
 
 
 def _table(stock: PhaseResult, director: PhaseResult, checks: dict[str, str], video: Path) -> str:
@@ -125,23 +221,9 @@ def _audio_check(error: float, latent_frames: int, chunk_latents: int) -> tuple[
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from h3director.core.monitor import Monitor
     from h3director.errors import InvalidInputError
-    from h3director.geometry import (
-        AUDIO_LATENT_CHANNELS,
-        SPATIAL_RATIO,
-        VIDEO_LATENT_CHANNELS,
-        audio_latent_frames_for,
-        latent_frames_for,
-    )
-    from h3director.integrations.load_vae import audio_adapter_for, video_adapter_for
-    from h3director.integrations.stock_h3 import stock_audio_decode, stock_uint8_frames, stock_video_decode
-    from h3director.integrations.tiny import tiny_h3_audio_vae, tiny_h3_vae
-    from h3director.video.scheduler import AudioJob, stream_decode
-    from h3director.video.sinks import DigestSink, TeeSink, VideoFileSink
-    from h3director.video.sinks_compose import frame_digests
+    from h3director.geometry import audio_latent_frames_for, latent_frames_for
 
     if args.frames < 1 or args.frames > 2000:
         raise InvalidInputError(f"--frames must be in 1..2000, got {args.frames}")
@@ -156,44 +238,25 @@ def run(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     video_path = out_dir / "demo.mp4"
 
-    generator = torch.Generator().manual_seed(args.seed)
-    latents = torch.randn((1, VIDEO_LATENT_CHANNELS, latent_frames, height // SPATIAL_RATIO, width // SPATIAL_RATIO),
-                          generator=generator)
-    audio_latents = torch.randn((2, AUDIO_LATENT_CHANNELS, audio_latent_frames_for(args.frames)), generator=generator)
-    vae, audio_vae = tiny_h3_vae(seed=args.seed), tiny_h3_audio_vae(seed=args.seed)
-    video_adapter, audio_adapter = video_adapter_for(vae), audio_adapter_for(audio_vae)
-    print(f"H3 Director demo: {latent_frames} latent frames -> {video_adapter.schedule(latent_frames).frames} "
-          f"frames of {width}x{height} + stereo audio, on the CPU, with small random-initialised configs of the "
-          "real diffusers H3 video and audio VAEs", file=sys.stderr)
-
-    with torch.no_grad():  # warm-up (thread pools, lazy initialisation) so neither phase pays for it
-        vae.decode(latents[:, :, :3, :4, :4])
-
-    with Monitor(interval_ms=20) as monitor:
-        with _Phase(monitor, "stock decode") as stock_phase:
-            stock_video = stock_video_decode(vae, latents)
-            stock_frames = stock_uint8_frames(stock_video)
-            stock_audio = stock_audio_decode(audio_vae, audio_latents)
-        stock_raw = frame_digests(stock_video[0], frame_axis=1)
-        stock_uint8 = frame_digests(stock_frames[0], frame_axis=0)
-        del stock_video, stock_frames
-
-        digest = DigestSink()
-        with _Phase(monitor, "director decode") as director_phase:
-            sink = TeeSink([VideoFileSink(video_path, audio_sample_rate=audio_adapter.sample_rate), digest])
-            stream_decode(video_adapter, latents, sink, audio=AudioJob(audio_adapter, audio_latents), tiles_per_call=1)
+    print(f"H3 Director demo: {latent_frames} latent frames -> {args.frames} frames of {width}x{height} + stereo "
+          "audio, on the CPU, with small random-initialised configs of the real diffusers H3 video and audio VAEs; "
+          "each phase in a process of its own", file=sys.stderr)
+    with Monitor(interval_ms=20, devices=()) as monitor:
+        monitor.add_series("phase.rss_bytes", _phase_rss)
+        stock, stock_raw, stock_uint8, stock_audio, _ = _in_own_process("stock", args, width, height, video_path,
+                                                                         monitor)
+        director, raw, uint8, audio, chunk = _in_own_process("director", args, width, height, video_path, monitor)
     report = monitor.report(metadata={"frames": args.frames, "size": f"{width}x{height}"})
     report.to_json(out_dir / "memory.json")
     report.plot(out_dir / "memory.png", title=f"H3 decode, {args.frames} frames {width}x{height}: stock vs director")
 
-    audio_error = float((digest.audio - stock_audio).abs().max()) if digest.audio is not None else float("nan")
-    audio_what, audio_verdict = _audio_check(audio_error, audio_latents.shape[-1], audio_adapter.chunk_latents())
+    audio_error = float(abs(audio - stock_audio).max()) if audio is not None else float("nan")
+    audio_what, audio_verdict = _audio_check(audio_error, audio_latent_frames_for(args.frames), chunk)
     checks = {
-        "identical decoded video (float32, every frame)": "yes" if digest.raw_digests == stock_raw else "NO",
-        "identical uint8 frames (vs the pipeline's post-processing)":
-            "yes" if digest.uint8_digests == stock_uint8 else "NO",
+        "identical decoded video (float32, every frame)": "yes" if raw == stock_raw else "NO",
+        "identical uint8 frames (vs the pipeline's post-processing)": "yes" if uint8 == stock_uint8 else "NO",
         audio_what: audio_verdict,
     }
-    print(_table(stock_phase.result, director_phase.result, checks, video_path))
+    print(_table(stock, director, checks, video_path))
     print(f"wrote {video_path}, {out_dir / 'memory.png'}, {out_dir / 'memory.json'}")
     return 0 if all(verdict.startswith("yes") for verdict in checks.values()) else 1
