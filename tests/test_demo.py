@@ -7,6 +7,7 @@ import json
 import av
 
 from h3director.cli import main
+from h3director.commands import demo
 
 SMALL = ["--frames", "39", "--size", "128x96"]  # 12 latent frames: 2 clips cross-faded, off the 5n+2 grid
 
@@ -43,6 +44,7 @@ def test_demo_reports_a_difference_when_the_stock_output_changes(tmp_path, capsy
         return video
 
     monkeypatch.setattr(stock_h3, "stock_video_decode", nudged)
+    monkeypatch.setattr(demo, "START_METHOD", "fork")     # the phase processes inherit the patch
     code = main(["demo", "--out", str(tmp_path), *SMALL])
     out = capsys.readouterr().out
     assert code == 1
@@ -55,6 +57,7 @@ def test_demo_checks_chunked_audio_against_a_tolerance_not_identity(tmp_path, ca
     from h3director.integrations.diffusers_h3_audio import H3AudioAdapter
 
     monkeypatch.setattr(load_vae, "audio_adapter_for", lambda vae: H3AudioAdapter(vae, chunk_seconds=0.5))
+    monkeypatch.setattr(demo, "START_METHOD", "fork")     # the phase processes inherit the patch
     code = main(["demo", "--out", str(tmp_path / "out"), *SMALL])
     out = capsys.readouterr().out
     assert code == 0, out

@@ -3,7 +3,7 @@
 Runs on the CPU in under a minute with no download: the models are small random-initialised
 configs of the REAL diffusers classes (`AutoencoderKLMiniMaxH3`, `AutoencoderKLMiniMaxH3Audio`,
 see `h3director.integrations.tiny`) and the latents are seeded noise. Two phases, each in a process of its
-own (forked before the parent builds anything, so neither inherits what the other left in the allocator), each
+own (a fresh interpreter, so neither inherits what the other left in the allocator), each
 measured as the peak resident memory above the phase's starting point (the kernel's exact high-water mark,
 reset in that process on Linux) and its wall time; the parent's monitor samples the running phase's RSS for the
 timeline:
@@ -88,10 +88,16 @@ def _measure(work) -> tuple[PhaseResult, object]:
     return PhaseResult("", None if peak is None else max(0, int(peak) - base), seconds, base), result
 
 
-def _phase_process(kind: str, frames: int, width: int, height: int, seed: int, video_path: str, connection) -> None:
-    """One phase in a process of its own (forked before any model or tensor exists in the parent, so neither phase
-    inherits what the other left in the allocator): build the seeded models and latents, warm up, measure the
-    phase, send (PhaseResult, digests, audio) back through `connection`."""
+def _phase_process(kind: str, frames: int, width: int, height: int, seed: int, video_path: str, connection,
+                   one_thread: bool = False) -> None:
+    """One phase in a process of its own (so neither phase inherits what the other left in the allocator): build
+    the seeded models and latents, warm up, measure the phase, send (PhaseResult, digests, audio) back through
+    `connection`. `one_thread`: run torch on one thread (a forked child must not use the OpenMP pool it inherited
+    from a parent that already ran torch: GNU OpenMP is not fork-safe and hangs)."""
+    if one_thread:
+        import torch
+
+        torch.set_num_threads(1)
     try:
         measured, raw, uint8, audio, chunk = _run_phase(kind, frames, width, height, seed, video_path)
         audio = None if audio is None else audio.detach().cpu().numpy()   # plain bytes: torch would share an fd
@@ -144,18 +150,19 @@ def _run_phase(kind: str, frames: int, width: int, height: int, seed: int, video
 
 
 def _in_own_process(kind: str, args, width: int, height: int, video_path: Path, monitor):
-    """Run one phase in a forked process while `monitor` samples that process's RSS (series "phase.rss_bytes")."""
+    """Run one phase in a process of its own (`START_METHOD`) while `monitor` samples that process's RSS (series
+    "phase.rss_bytes")."""
     import multiprocessing
 
     import psutil
 
     from h3director.errors import H3DirectorError
 
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    context = multiprocessing.get_context(START_METHOD)
     receive, send = context.Pipe(duplex=False)
     process = context.Process(target=_phase_process, args=(kind, args.frames, width, height, args.seed,
-                                                           str(video_path), send), daemon=True)
+                                                           str(video_path), send, START_METHOD == "fork"),
+                              daemon=True)
     name = f"{kind} decode"
     with monitor.phase(name):
         process.start()
@@ -179,6 +186,9 @@ def _in_own_process(kind: str, args, width: int, height: int, video_path: Path, 
 
 
 _CURRENT: dict = {"process": None}
+START_METHOD = "spawn"
+"""How the phase processes start: "spawn" (a fresh interpreter; safe after torch ran threads, on every OS). Tests
+that patch a module for the phases use "fork" (the child then inherits the patch and runs torch on one thread)."""
 
 
 def _phase_rss() -> float | None:
