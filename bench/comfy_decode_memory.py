@@ -15,7 +15,8 @@ with video length, the host-side buffers. "decode+save" is the process's peak RS
 minus its RSS just before: the high-water mark (VmHWM) is reset to the current RSS before decoding
 (`h3director.core.devices.reset_peak_rss`, as bench/decode_memory.py does), so what set up the model cannot
 hide in the peak; "peak RSS" is the whole process's high-water mark.
-Prints a Markdown table.
+Prints a Markdown table and writes bench/results/comfy_decode_memory.json (`--out`), from which
+docs/BENCHMARKS.md and the README render their figures.
 """
 
 from __future__ import annotations
@@ -110,32 +111,50 @@ def _measure(python: str, mode: str, latent_frames: int, height: int, width: int
         return json.loads(line[len("RESULT "):])
 
 
+def markdown(rows: list[dict]) -> str:
+    """The table docs/BENCHMARKS.md shows (rendered from the results file by scripts/render_docs.py)."""
+    mib = 1024 ** 2
+    lines = ["| frames | float32 video | core VAEDecode + SaveVideo: decode+save / peak RSS | "
+             "streaming node: decode+save / peak RSS | ratio (decode+save) |", "|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        core, stream = row["core"], row["stream"]
+        core_delta, stream_delta = (core["peak"] - core["before"]) / mib, (stream["peak"] - stream["before"]) / mib
+        lines.append(f"| {row['frames']} | {row['video_bytes'] / mib:.0f} MiB | {core_delta:.0f} / "
+                     f"{core['whole_peak'] / mib:.0f} MiB | {stream_delta:.0f} / {stream['whole_peak'] / mib:.0f} MiB | "
+                     f"{ratio(row):.1f}x |")
+    return "\n".join(lines)
+
+
+def ratio(row: dict) -> float:
+    """Core's decode+save over the streaming node's, for one length."""
+    core, stream = row["core"], row["stream"]
+    return (core["peak"] - core["before"]) / max(stream["peak"] - stream["before"], 1024 ** 2)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, nargs="+", default=[22, 124, 243, 362], choices=sorted(LATENT_FRAMES))
     parser.add_argument("--size", default="512x512", help="WIDTHxHEIGHT in pixels, multiples of 16")
     parser.add_argument("--python", default=sys.executable, help="Python with ComfyUI's requirements")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "comfy_decode_memory.json")
     args = parser.parse_args()
     if not os.environ.get("COMFYUI_DIR"):
         raise SystemExit("set COMFYUI_DIR to a ComfyUI checkout with MiniMax H3 support")
+    sys.path.insert(0, str(REPO / "bench"))
+    from _results import write_results
+
     width, height = (int(v) for v in args.size.lower().split("x"))
-    mib = 1024 ** 2
     print(f"ComfyUI {os.environ['COMFYUI_DIR']}, {width}x{height}, CPU ({platform.processor() or platform.machine()}), "
           f"python {platform.python_version()}")
-    print()
-    print("| frames | float32 video | core VAEDecode + SaveVideo: decode+save / peak RSS | "
-          "streaming node: decode+save / peak RSS | ratio (decode+save) |")
-    print("|---:|---:|---:|---:|---:|")
+    rows = []
     for frames in args.frames:
         core = _measure(args.python, "core", LATENT_FRAMES[frames], height, width)
         stream = _measure(args.python, "stream", LATENT_FRAMES[frames], height, width)
         assert core["frames"] == stream["frames"] == frames, (core, stream)
-        video = frames * height * width * 3 * 4 / mib
-        core_delta = (core["peak"] - core["before"]) / mib
-        stream_delta = (stream["peak"] - stream["before"]) / mib
-        print(f"| {frames} | {video:.0f} MiB | {core_delta:.0f} / {core['whole_peak'] / mib:.0f} MiB | "
-              f"{stream_delta:.0f} / {stream['whole_peak'] / mib:.0f} MiB | "
-              f"{core_delta / max(stream_delta, 1):.1f}x |", flush=True)
+        rows.append({"frames": frames, "video_bytes": frames * height * width * 3 * 4, "core": core, "stream": stream})
+    print(markdown(rows))
+    write_results(args.out, "comfy_decode_memory", {"frames": args.frames, "size": args.size},
+                  {"size": [width, height], "rows": rows})
     return 0
 
 

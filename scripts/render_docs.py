@@ -31,6 +31,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
+# what the ComfyUI decode bench measures: the streaming node and what it runs
+COMFY_DECODE_SOURCES = ("h3director/comfy/nodes_decode.py", "h3director/integrations/comfy_vae.py", "h3director/video",
+                        "bench/comfy_decode_memory.py")
 DOCUMENTS = ("README.md", "docs/*.md")
 BLOCK = re.compile(r"(<!-- rendered: ([a-z0-9_]+) -->\n)(.*?)(<!-- /rendered -->)", re.S)
 
@@ -88,6 +91,18 @@ def _planner_external_counts(data: dict) -> str:
             f"`bench/results/{data['bench']}.json`).\n")
 
 
+def _comfy_decode_memory(data: dict) -> str:
+    return _bench_module("comfy_decode_memory").markdown(data["rows"]) + "\n\n" + _provenance(data)
+
+
+def _comfy_decode_memory_ratio(data: dict) -> str:
+    module = _bench_module("comfy_decode_memory")
+    longest = max(data["rows"], key=lambda row: row["frames"])
+    width, height = data["size"]
+    return (f"{module.ratio(longest):.1f}x smaller at {longest['frames']} frames ({width}x{height}, CPU, each run in its "
+            "own process with the high-water mark reset before the decode)\n")
+
+
 RENDERERS: dict[str, Renderer] = {
     "planner_external": Renderer("planner_external.json", ("h3director/plan", "bench/planner_external.py"),
                                  _planner_external),
@@ -95,6 +110,8 @@ RENDERERS: dict[str, Renderer] = {
                                         _planner_external_counts),
     "avsync_accuracy": Renderer("avsync_accuracy.json", ("h3director/av", "bench/avsync_accuracy.py"),
                                 _avsync_accuracy),
+    "comfy_decode_memory": Renderer("comfy_decode_memory.json", COMFY_DECODE_SOURCES, _comfy_decode_memory),
+    "comfy_decode_memory_ratio": Renderer("comfy_decode_memory.json", COMFY_DECODE_SOURCES, _comfy_decode_memory_ratio),
 }
 
 
