@@ -140,7 +140,7 @@ def main() -> int:
     args = parser.parse_args()
     if not os.environ.get("COMFYUI_DIR"):
         raise SystemExit("set COMFYUI_DIR to a ComfyUI checkout with MiniMax H3 support")
-    sys.path.insert(0, str(REPO / "bench"))
+    sys.path[:0] = [str(REPO), str(REPO / "bench")]     # h3director and the results writer, from this checkout
     from _results import write_results
 
     width, height = (int(v) for v in args.size.lower().split("x"))
