@@ -29,6 +29,9 @@ from typing import Any
 from h3director import geometry
 from h3director.errors import InvalidInputError
 from h3director.plan.capabilities import (
+    BLOCK_SWAP_NODE,
+    DIT_MEMORY_NODE,
+    GGUF_LOADER_NODE,
     GGUF_TYPES,
     REGISTRY,
     applied_settings,
@@ -39,10 +42,10 @@ from h3director.plan.capabilities import (
 # The user's file name goes into these inputs, whatever a setting's placeholder says.
 FILE_INPUTS = ("unet_name", "gguf_name", "clip_name", "vae_name")
 # Model patch nodes, in the order they wrap the loaded DiT (block placement first, then the block forward).
-MODEL_PATCH_ORDER = ("H3DirectorBlockSwap", "H3DirectorDiTMemory")
+MODEL_PATCH_ORDER = (BLOCK_SWAP_NODE, DIT_MEMORY_NODE)
 # Inputs a patch node needs besides those a setting gives (the node's own defaults).
-PATCH_DEFAULTS = {"H3DirectorDiTMemory": {"mode": "fixed", "budget_gb": 0.0}}
-DIT_LOADERS = ("UNETLoader", "H3DirectorGGUFDiTLoader")
+PATCH_DEFAULTS = {DIT_MEMORY_NODE: {"mode": "fixed", "budget_gb": 0.0}}
+DIT_LOADERS = ("UNETLoader", GGUF_LOADER_NODE)
 DIT_EXTENSIONS = {".safetensors": "safetensors", ".sft": "safetensors", ".gguf": "gguf"}
 TEXT_ENCODER_EXTENSIONS = (".safetensors", ".sft")
 VAE_EXTENSIONS = (".safetensors", ".sft")
