@@ -124,3 +124,6 @@ def cuda_allocator_fragmentation(device: int | None = None) -> AllocatorFragment
         raise InvalidInputError(f"allocator backend is {backend!r}: only the native caching allocator has segments")
     index = torch.cuda.current_device() if device is None else int(device)
     return read_snapshot_fragmentation(torch.cuda.memory_snapshot(include_traces=False), device=index)
+
+
+__all__ = ["AllocatorFragmentation", "cuda_allocator_fragmentation", "read_snapshot_fragmentation"]

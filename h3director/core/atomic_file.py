@@ -75,3 +75,6 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         commit(temporary, final)
     finally:
         remove_quietly(temporary)
+
+
+__all__ = ["atomic_path", "check_output_path", "commit", "remove_quietly", "temporary_path"]

@@ -678,3 +678,8 @@ def load_config(path: str | os.PathLike | None = None, *, env: Mapping[str, str]
     chosen = find_config_path(path, env=env)
     data = read_config_file(chosen)
     return validate_config(data, source=str(chosen), env=env)
+
+
+__all__ = ["ENV_NOT_CONFIG", "MAX_CONFIG_BYTES", "Allocator", "ConfigProblem", "ConfigValidationError",
+           "Features", "H3Config", "MemorySafety", "MonitorSettings", "VideoDecode", "default_config_path",
+           "env_name", "find_config_path", "load_config", "read_config_file", "validate_config"]

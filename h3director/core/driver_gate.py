@@ -155,3 +155,7 @@ def driver_lines(info: DriverInfo) -> list[tuple[str, str]]:
     return [("NVIDIA driver", f"{info.driver_version} (supports CUDA {info.cuda_driver_version}; {gpus})"
              + ("" if info.status == "read" else f" [{info.status}]")),
             ("CUDA runtime", f"{runtime}, as torch was built")]
+
+
+__all__ = ["DriverFloor", "DriverInfo", "KnownBadPair", "collect_driver_info", "driver_lines",
+           "driver_warnings", "read_driver_info"]

@@ -617,3 +617,7 @@ def format_explanations(items: list[OomError | NotUnderstood]) -> str:
     understood = sum(isinstance(item, OomError) for item in items)
     blocks.append(f"{understood} out-of-memory error(s) explained, {len(items) - understood} line(s) not understood")
     return "\n\n".join(blocks)
+
+
+__all__ = ["CUDA_ERROR_MEMORY_ALLOCATION", "MAX_LOG_CHARS", "NotUnderstood", "OomError", "explain_log",
+           "format_explanations", "is_out_of_memory", "mentions_out_of_memory", "parse_size_text"]

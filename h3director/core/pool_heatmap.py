@@ -97,3 +97,7 @@ def save_pool_heatmap(pool: SlotPool, path: str | os.PathLike, *, columns: int |
     with atomic_path(path) as temporary:
         fig.savefig(temporary, format="png", dpi=100, bbox_inches="tight")
     return heatmap
+
+
+__all__ = ["COLORS", "EMPTY", "FALLBACK", "FREE", "LEASED", "PoolHeatmap", "pool_heatmap",
+           "save_pool_heatmap"]

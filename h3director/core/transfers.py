@@ -291,3 +291,6 @@ def format_table(log: dict[str, Any], top: int = 8) -> str:
     for message in log.get("fallback_warnings") or []:
         lines.append(f"  PyTorch: {message.strip()[:160]}")
     return "\n".join(lines)
+
+
+__all__ = ["OpRow", "TransferLog", "copy_kind", "format_table", "phase"]
