@@ -87,6 +87,10 @@ class TensorPlan:
 
 @dataclass
 class ConversionPlan:
+    """What `plan_conversion` decided for a `target` type, before any tensor is read: one `TensorPlan` per
+    tensor written, the `dropped` tensors of other components (name -> bytes), and the DiT's `key_style` and
+    `curve_form` as `h3_keys.detect_h3` found them."""
+
     target: str
     tensors: list[TensorPlan] = field(default_factory=list)
     dropped: dict[str, int] = field(default_factory=dict)  # name -> bytes (other components)
@@ -221,3 +225,6 @@ def convert(in_path: str | os.PathLike, out_path: str | os.PathLike, target: str
             writer.close()
     return plan
 
+
+__all__ = ["MIXES", "TYPES", "ConversionPlan", "TensorPlan", "convert", "mix_type", "plan_conversion",
+           "use_more_bits"]

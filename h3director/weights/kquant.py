@@ -169,3 +169,6 @@ def quantize(values: np.ndarray, qtype_name: str) -> np.ndarray:
     for start in range(0, blocks.shape[0], CHUNK_BLOCKS):
         out[start:start + CHUNK_BLOCKS] = ENCODERS[qtype_name](blocks[start:start + CHUNK_BLOCKS])
     return out.reshape(*values.shape[:-1], -1)
+
+
+__all__ = ["BLOCK_BYTES", "CHUNK_BLOCKS", "ENCODERS", "quantize"]

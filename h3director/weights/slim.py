@@ -116,3 +116,6 @@ def _write_tensor(out, source: SafetensorsWeights, name: str, out_type: str) -> 
 
     tensor = source.load(name, getattr(torch, SAFETENSORS_TORCH[out_type])).contiguous()
     out.write(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+
+
+__all__ = ["SlimResult", "slim"]

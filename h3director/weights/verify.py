@@ -36,6 +36,10 @@ _TORCH = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat1
 
 @dataclass
 class TensorCheck:
+    """One tensor in a `VerifyReport`: `name`, stored `type`, `nbytes` (bytes), the `sha256` of its stored
+    bytes, and with `--against` its `status` ("identical bytes", ..., "MISMATCH: ...") and `max_abs_diff`
+    (None when not compared by value)."""
+
     name: str
     type: str
     nbytes: int
@@ -50,6 +54,10 @@ class TensorCheck:
 
 @dataclass
 class VerifyReport:
+    """`verify`'s result for the file at `path` (`kind` "safetensors" or "gguf"): one `TensorCheck` per
+    tensor and, `against` another file, the names found `only_here` / `only_there`. `ok` is False on any
+    mismatch."""
+
     path: str
     kind: str
     tensors: list[TensorCheck] = field(default_factory=list)
@@ -194,3 +202,5 @@ def summary_line(report: VerifyReport) -> str:
                  f"{len(bad)} mismatch, {len(report.only_here)} only here, {len(report.only_there)} only there")
     return text
 
+
+__all__ = ["TensorCheck", "VerifyReport", "summary_line", "verify"]
