@@ -519,6 +519,8 @@ def _refiner_block(ledger: ByteLedger, shape: DiTShape, seq: int, e: int, attent
 
 def check_backend(attention: str, head_chunks: int, ffn_chunks: int, shape: DiTShape,
                   framework: str = "diffusers") -> None:
+    """Refuse, with InvalidInputError, an `attention` backend or `framework` the cost model does not know,
+    `head_chunks` that do not divide `shape.heads`, or `ffn_chunks` < 1; returns None."""
     if attention not in ATTENTION_BACKENDS:
         raise InvalidInputError(f"attention must be one of {ATTENTION_BACKENDS}, got {attention!r}")
     if framework not in FRAMEWORKS:
@@ -698,3 +700,8 @@ def comfy_cost_model(shape: DiTShape | None = None, attention: str = "flash") ->
 def diffusers_cost_model(shape: DiTShape | None = None, attention: str = "flash") -> DiTCostModel:
     """The cost model of diffusers' `MiniMaxH3Transformer3DModel` (`shape` default: the released model)."""
     return DiTCostModel(shape or DiTShape(), "diffusers", attention)
+
+
+__all__ = ["QUERY_ALIGN", "BlockTier", "BlockTokenBytes", "DiTCostModel", "DiTShape", "PackedRows",
+           "attention_call_bytes", "block_token_bytes", "check_backend", "dit_block_peak_bytes",
+           "dit_block_section_peaks", "dit_forward_peak_bytes", "first_range_rows", "replay_math_attention"]

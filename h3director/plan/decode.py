@@ -382,3 +382,7 @@ def output_host_bytes(sink: str, frames: int, width: int, height: int,
     if sink == "uint8":
         return pixels
     return clip_frames * width * height * 3 * 4
+
+
+__all__ = ["SINKS", "ViTDecoderShape", "clip_buffer_bytes", "decode_clip_working_set_bytes",
+           "output_host_bytes", "split_tiles"]

@@ -22,3 +22,6 @@ def dtype_bytes(dtype: object) -> int:
     if name not in _DTYPE_BYTES:
         raise InvalidInputError(f"unknown compute dtype {dtype!r}: expected one of {sorted(_DTYPE_BYTES)}")
     return _DTYPE_BYTES[name]
+
+
+__all__ = ["dtype_bytes"]

@@ -235,6 +235,8 @@ def int32_qkv_token_limit(shape: DiTShape) -> int:
 
 
 def model_config_key(config: Mapping | None) -> str:
+    """A model config (mapping, or None for the default) as a canonical JSON string (sorted keys,
+    sequences as lists): the key of the per-config inventory and weight-bytes caches."""
     return json.dumps(dict(config or {}), sort_keys=True, default=list)
 
 
@@ -340,3 +342,8 @@ def estimate(request: PlanRequest) -> PlanEstimate:
     if request.attention == "math":
         notes.append("math attention materialises heads x S x S scores; a fused kernel needs none of it")
     return PlanEstimate(request=request, geometry=geo, phases=phases, notes=tuple(notes))
+
+
+__all__ = ["DEFAULT_TEXT_TOKENS", "DIT_HIGH_PRECISION_BYTES", "MAX_FRAMES", "Geometry", "Phase",
+           "PlanEstimate", "PlanRequest", "audio_working_set", "clip_working_set", "estimate",
+           "int32_qkv_token_limit", "model_config_key", "packed_geometry"]

@@ -92,3 +92,6 @@ def role_bits(fmt: WeightFormat, role: str) -> float:
     if fmt.name == "q4_k_m" and role in MIXED_ROLES:
         return (fmt.bits_per_weight + Q6K_BPW) / 2
     return fmt.bits_per_weight
+
+
+__all__ = ["FORMATS", "GGML_BLOCKS", "WeightFormat", "role_bits", "weight_format"]

@@ -37,3 +37,6 @@ def detect_budget(device: str = "auto", *, host_bytes: int | None = None) -> tup
     why = "--device cpu" if wanted == "cpu" else "no CUDA or MPS device"
     return (Budget(device_bytes=host, host_bytes=host, device="cpu"),
             f"{why}: planning a CPU run in host RAM ({host / 2**30:.1f} GiB available)")
+
+
+__all__ = ["detect_budget"]

@@ -132,3 +132,6 @@ def advise(items: list, *, host_bytes: int, target: str = "comfyui", host_source
                           f"{item.phase.replace('_', ' ')} settings that fit (fill in the placeholders)")
         item.advice = advice
         item.steps = five_steps(recommendation, target)
+
+
+__all__ = ["STEPS", "advise"]

@@ -477,3 +477,8 @@ def _recommend(request: PlanRequest, budget: Budget | int, *, formats: Sequence[
         f"nothing fits: {what} {format_size(smallest.peak_device_bytes)} on the device and "
         f"{format_size(smallest.peak_host_bytes)} of host RAM; usable: {format_size(budget.device_usable)} device, "
         f"{format_size(budget.host_usable)} host")
+
+
+__all__ = ["CHUNKINGS", "DECODE_TILES", "DEFAULT_MARGIN", "DEFAULT_RESERVE", "DIT_FORMATS", "SINK_ORDER",
+           "TEXT_ENCODER_CHOICES", "Budget", "LongForm", "Recommendation", "SegmentPlan", "choose_decode",
+           "choose_dit", "dit_memory_settings", "recommend"]

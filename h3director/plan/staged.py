@@ -176,3 +176,7 @@ def plan_staged(request: PlanRequest, budget: Budget, *, draft_size: tuple[int, 
     if draft.long_form is not None:          # cannot happen for a draft no larger than a final that fits
         raise InvalidInputError("the draft does not fit in one pass")
     return StagedPlan(draft=draft, final=final, draft_fps=draft_fps, denoise=denoise)
+
+
+__all__ = ["DEFAULT_DENOISE", "DEFAULT_DRAFT_FPS", "StagedPlan", "default_draft_size", "draft_frames_for",
+           "parse_size", "plan_staged"]

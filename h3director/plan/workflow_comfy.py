@@ -325,3 +325,7 @@ def staged_workflows(draft_request, final_request, files: ModelFiles, spec: RunS
     _decode([sampled, 0], ids, spec, g, audio=final_request.audio, fps=spec.fps, prefix=spec.filename_prefix)
     stage_two = Workflow(graph=g.nodes, settings=settings, config=_apply_node_settings(settings, g))
     return stage_one, stage_two
+
+
+__all__ = ["ModelFiles", "RunSpec", "Workflow", "comfy_workflow", "dit_file_kind", "draft_latent_name",
+           "loadable_formats", "staged_workflows"]
