@@ -217,3 +217,7 @@ def measure_arrays(frames, fps: float, samples: np.ndarray, sample_rate: int,
         level.feed(mono[first:first + block], 0.0)
     return measure_tracks(np.arange(count) / fps, np.asarray(energies), np.asarray(signatures), level, fps,
                           max_offset_ms, window_s, flux.envelope())
+
+
+__all__ = ["DEFAULT_MAX_OFFSET_MS", "DEFAULT_WINDOW_S", "LOW_CONFIDENCE", "AVSyncResult", "WindowOffset",
+           "measure_arrays", "measure_file", "measure_tracks"]

@@ -171,3 +171,6 @@ def frame_samples(frame) -> np.ndarray:
 
 def mono_samples(frame) -> np.ndarray:
     return frame_samples(frame).mean(axis=0)
+
+
+__all__ = ["MediaInfo", "frame_samples", "probe", "read_motion", "read_sound"]

@@ -27,3 +27,6 @@ def open_input(path: str | os.PathLike):
         return av.open(str(source), mode="r")
     except (av.FFmpegError, OSError, ValueError) as exc:
         raise InvalidInputError(f"{source}: not a readable media file ({exc})") from None
+
+
+__all__ = ["import_av", "open_input"]

@@ -50,3 +50,6 @@ def envelope_rgb(result: AVSyncResult, width_px: int = 960, height_px: int = 480
     figure.tight_layout()
     canvas.draw()
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+__all__ = ["envelope_rgb"]

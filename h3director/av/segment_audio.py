@@ -102,3 +102,6 @@ def count_samples(path: str | os.PathLike) -> tuple[int, np.dtype]:
     if dtype is None:
         raise InvalidInputError(f"{path}: the audio stream holds no samples")
     return total, np.dtype(dtype)
+
+
+__all__ = ["SampleReader", "count_samples"]

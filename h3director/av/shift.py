@@ -257,3 +257,6 @@ def shift_video_file(source: str | os.PathLike, out: str | os.PathLike, offset_m
             emit(last)
         output.mux(video_out.encode(None))
     return ShiftReport(final, offset_ms, "frames", frames=shift, sample_rate=info.sample_rate, fps=info.fps)
+
+
+__all__ = ["ShiftReport", "shift_audio_file", "shift_video_file"]

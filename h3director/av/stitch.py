@@ -402,3 +402,7 @@ def stitch_files(paths: Sequence[str | os.PathLike], out: str | os.PathLike, ove
                         overlap=overlap, blend=blend, video_codec=video_codec, audio_codec=audio_codec,
                         pix_fmt=pix_fmt, audio_padded=audio_out.padded,
                         audio_fades=audio_out.fades)
+
+
+__all__ = ["AUDIO_CODECS", "BLENDS", "VIDEO_CODECS", "SegmentInfo", "StitchReport", "inspect_segment",
+           "plan_stitch", "stitch_files"]

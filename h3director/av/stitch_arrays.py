@@ -75,3 +75,6 @@ def join_audio(a: torch.Tensor, b: torch.Tensor, rate: int, fps: float, frames_a
     rest = b[..., length:total - join]
     out[..., end:end + rest.shape[-1]] = rest.to(out.device, out.dtype)
     return out
+
+
+__all__ = ["join_audio", "join_frames"]

@@ -101,3 +101,6 @@ def decode_stitched(adapter, videos: Sequence[torch.Tensor], sink, *, audios: Se
     video, audio = join_latents(videos, audios, overlap, fps)
     job = AudioJob(adapter=audio_adapter, latents=audio) if audio is not None else None
     return stream_decode(adapter, video, sink, audio=job, **decode_kwargs)
+
+
+__all__ = ["check_latent_chain", "decode_stitched", "join_latents"]

@@ -207,3 +207,6 @@ class CheckpointStore:
         for path in self.folder.iterdir():
             if _NAME.match(path.name) or (path.name.startswith(".step_") and path.name.endswith(".tmp")):
                 remove_quietly(path)
+
+
+__all__ = ["CheckpointMismatch", "CheckpointStore", "SamplingCheckpoint", "read_checkpoint"]

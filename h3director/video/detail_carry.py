@@ -170,3 +170,6 @@ def _resize(frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     enlarge = height * width > frame.shape[0] * frame.shape[1]
     out = cv2.resize(frame, (width, height), interpolation=cv2.INTER_CUBIC if enlarge else cv2.INTER_AREA)
     return out.reshape(height, width, frame.shape[-1])
+
+
+__all__ = ["CarryPlan", "carry_detail", "merge_into", "output_shape", "plan_carry"]

@@ -218,3 +218,7 @@ def parse_indices(text: str) -> list[int]:
     if not isinstance(values, list):
         raise InvalidInputError(f"keyframe indices must be a list of integers, got {source[:80]!r}")
     return values
+
+
+__all__ = ["MODES", "KeyframeSelection", "check_indices", "every_n_indices", "format_indices", "frame_count",
+           "frame_float", "gather_keyframes", "parse_indices", "scene_scores", "select_keyframes"]

@@ -50,3 +50,6 @@ def check_latents(latents: object, *, name: str, layout: str, channels: int, cha
         first = tuple(int(i) for i in (~finite).nonzero()[0])
         raise InvalidInputError(f"{name} contain {bad} NaN/inf value(s), the first at index {first}")
     return latents
+
+
+__all__ = ["check_latents"]

@@ -122,3 +122,6 @@ def write_latent_file(path: str | os.PathLike, video: torch.Tensor, audio: torch
     with atomic_path(path) as temporary:
         save_file(tensors, str(temporary), metadata={"writer": "h3director"})
     return path
+
+
+__all__ = ["LatentFile", "read_latent_file", "write_latent_file"]

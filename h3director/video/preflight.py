@@ -105,3 +105,6 @@ def preflight(adapter: VideoDecoderAdapter, latents_shape: tuple[int, ...], spec
             f"memory_safety.max_host_memory_mb: {-(-sink_bytes // MiB)} or more"
         )
     return PreflightResult(clip_bytes=clip_bytes, sink_bytes=sink_bytes, execution=execution, budget=budget)
+
+
+__all__ = ["DecodeBudget", "PreflightResult", "preflight", "resolve_budget"]

@@ -588,3 +588,7 @@ def stream_upscale(model: UpscaleModel, source: FrameSource, sink: FrameSink, *,
     report.peak_host_bytes = clock.peak_host_bytes()
     report.seconds = time.perf_counter() - started
     return report
+
+
+__all__ = ["BatchCut", "Halving", "OomOnTile", "Recipe", "TilePoint", "TiledUpscaler", "UpscaleModel",
+           "UpscaleReport", "check_dtype_runs", "job_key", "prepare", "resolve_overlap", "stream_upscale"]

@@ -144,3 +144,6 @@ def round_to(value: int, multiple: int) -> int:
 def auto_overlap(measured: int, alignment: int = 1) -> int:
     """Overlap for a measured (lower-bound) radius: 25% + 2 px margin, rounded up to `alignment`."""
     return round_to(math.ceil(measured * 1.25) + 2, alignment)
+
+
+__all__ = ["FieldInfo", "auto_overlap", "derive_field", "measure_field"]

@@ -127,3 +127,6 @@ def open_source(path: str | os.PathLike, *, fps: float | None = None) -> FrameSo
     if fps:
         source.fps = float(fps)
     return source
+
+
+__all__ = ["ArraySource", "FrameSource", "VideoFileSource", "npy_source", "open_source"]
