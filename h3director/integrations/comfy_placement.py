@@ -125,3 +125,6 @@ def place_objects(placement: str, model=None, clip=None, vae=None, audio_vae=Non
             placed[component] = apply[component](objects[component], device)
     lines = [_describe(c, placed[c], wanted.get(c)) for c in ("dit", "text_encoder", "video_vae", "audio_vae")]
     return Placed(placed["dit"], placed["text_encoder"], placed["video_vae"], placed["audio_vae"], "\n".join(lines))
+
+
+__all__ = ["Placed", "place_objects"]

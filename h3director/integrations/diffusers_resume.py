@@ -103,3 +103,6 @@ def resumable_core_denoise(folder: str | os.PathLike, every: int, restart: bool 
     core = MiniMaxH3CoreDenoiseStep()
     core.sub_blocks["denoise"] = ResumableH3DenoiseStep(folder, every, restart)
     return core
+
+
+__all__ = ["ResumableH3DenoiseStep", "resumable_core_denoise"]

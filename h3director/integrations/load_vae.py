@@ -259,3 +259,6 @@ def audio_adapter_for(vae):
     from h3director.integrations.diffusers_h3_audio import H3AudioAdapter
 
     return H3AudioAdapter(vae)
+
+
+__all__ = ["audio_adapter_for", "load_vae", "video_adapter_for"]

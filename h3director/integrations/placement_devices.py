@@ -29,3 +29,6 @@ def resolve_device(name: str):
     if wanted not in available:
         raise InvalidInputError(f"device {name} does not exist on this machine: available {', '.join(available)}")
     return torch.device(wanted)
+
+
+__all__ = ["resolve_device"]
