@@ -76,3 +76,6 @@ def merge_alloc_conf(existing: str | None, allocator: Any) -> AllocConfMerge:
         entries[key] = _format_value(value)
     value = ",".join(f"{k}:{v}" for k, v in entries.items()) or None
     return AllocConfMerge(value=value, notes=notes)
+
+
+__all__ = ["AllocConfMerge", "merge_alloc_conf"]

@@ -230,3 +230,6 @@ def _progress_callback():
         bar["pbar"].update_absolute(done, total)
 
     return update
+
+
+__all__ = ["AUDIO_SKIPPED_NOTE", "DecodeAVStreaming"]

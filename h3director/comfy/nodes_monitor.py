@@ -141,3 +141,6 @@ class MonitorStop(io.ComfyNode):
         summary = report.summary_table() + (f"\n\n{ops}" if ops else "")
         return io.NodeOutput(report_image(report, f"H3 Director: {monitor.label}"), summary,
                              ui={"text": (summary,)})
+
+
+__all__ = ["MonitorStart", "MonitorStop", "report_image", "report_rgb"]

@@ -72,3 +72,6 @@ class ResumableSampler(io.ComfyNode):
         function = resumable_sampler_function(sampler_name, run_folder(run_name), checkpoint_every,
                                               restart=resume == RESUME_RESTART)
         return io.NodeOutput(comfy.samplers.KSAMPLER(function))
+
+
+__all__ = ["ResumableSampler"]

@@ -160,3 +160,5 @@ class UpscaleStreaming(io.ComfyNode):
         preview = report.first_frame[None].clamp(0, 1) if report.first_frame is not None else None
         return io.NodeOutput(str(report.result), preview, "\n".join(report.lines()))
 
+
+__all__ = ["UpscaleStreaming"]

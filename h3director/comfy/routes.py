@@ -276,3 +276,7 @@ def register_routes(routes) -> None:
         except InvalidInputError as error:
             return bad_request(error)
         return web.Response(body=body, content_type="image/png")
+
+
+__all__ = ["STATS_QUERY", "check_query_names", "int_query", "prompt_node", "register_routes",
+           "render_report_png", "running_prompt", "stats_payload"]
