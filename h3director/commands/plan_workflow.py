@@ -28,6 +28,8 @@ STAGED_FLAGS = ("draft", "draft_fps", "refine_denoise")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the `--workflow`, `--diffusers` and `--staged` option groups (and their file options) to `plan`'s
+    parser."""
     out = parser.add_argument_group("write what runs the plan")
     out.add_argument("--workflow", default=None, metavar="OUT.json",
                      help="write the ComfyUI API-format workflow (with --staged: OUT.stage1.json, OUT.stage2.json)")
@@ -234,3 +236,6 @@ def run_staged(args: argparse.Namespace, request, budget, source: str, fmts) -> 
     for line in written:
         print(line)
     return 0
+
+
+__all__ = ["add_arguments", "check_args", "formats", "run_staged", "write_outputs"]
