@@ -33,3 +33,6 @@ def fragmentation(free_run_sizes: Iterable[int]) -> float:
         total += size
         largest = max(largest, size)
     return fragmentation_of(largest, total)
+
+
+__all__ = ["fragmentation", "fragmentation_of"]

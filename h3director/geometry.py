@@ -375,3 +375,11 @@ def chain_segments(frames: int, max_segment_frames: int, overlap: int = CHAIN_OV
     steps = n_total + (k - 1) * m                       # sum of the segments' n
     base, extra = divmod(steps, k)
     return tuple(CLIP_LENGTH * (base + (1 if i < extra else 0)) + 5 for i in range(k))
+
+
+__all__ = ["AUDIO_LATENTS_PER_SECOND", "AUDIO_LATENT_CHANNELS", "AUDIO_SAMPLE_RATE", "CHAIN_OVERLAP",
+           "CLIP_LENGTH", "H3_TEMPORAL", "PATCH_SIZE", "SPATIAL_RATIO", "TOKEN_STRIDE", "VIDEO_FPS",
+           "VIDEO_LATENT_CHANNELS", "ClipStep", "DecodeSchedule", "TemporalGeometry",
+           "audio_latent_frames_for", "audio_samples_for", "causal_schedule", "chain_segments",
+           "check_canvas", "frames_for_latents", "is_on_grid", "latent_frames_for", "nearest_grid_frames",
+           "tokens_per_latent_frame", "video_tokens"]
