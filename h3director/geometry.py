@@ -265,7 +265,9 @@ class DecodeSchedule:
 
 
 def causal_schedule(latent_frames: int, temporal_ratio: int) -> DecodeSchedule:
-    """One clip per latent frame for causal decoders with a feature cache (Wan-style VAEs).
+    """The `DecodeSchedule` of a causal decoder with a feature cache (Wan-style VAEs): one clip per latent
+    frame of `latent_frames`, latent frame 0 giving 1 pixel frame and each later one `temporal_ratio`.
+    `InvalidInputError` for `latent_frames` < 1.
 
     Latent frame 0 decodes to 1 pixel frame, every later one to `temporal_ratio` frames; no overlap,
     no cross-fade, no padding: ``1 + temporal_ratio * (latent_frames - 1)`` frames.
@@ -312,7 +314,8 @@ def frames_for_latents(latent_frames: int) -> int:
 
 
 def check_canvas(width: int, height: int) -> None:
-    """Refuse a canvas the DiT cannot tokenize: each side must be a positive multiple of 32."""
+    """Return None when `width` and `height` (pixels) are both positive multiples of 32, the DiT's token
+    stride; else raise `InvalidInputError` naming each bad side and its nearest multiples."""
     problems = []
     for name, value in (("width", width), ("height", height)):
         if value <= 0 or value % TOKEN_STRIDE:

@@ -56,7 +56,8 @@ def commit(temporary: Path, final: Path) -> Path:
 
 
 def remove_quietly(*paths: Path | None) -> None:
-    """Delete temporaries that may or may not exist."""
+    """Delete each of `paths` that exists (None entries are skipped): a missing file is not an error; any
+    other `OSError` propagates."""
     for path in paths:
         if path is not None:
             with contextlib.suppress(FileNotFoundError):

@@ -167,7 +167,9 @@ def _device_list(torch) -> list[DeviceInfo]:
 
 
 def collect(config_path: str | None = None) -> Environment:
-    """Gather the environment and derive warnings. Never raises for a bad config: it is reported."""
+    """The `Environment` of this process and machine, with its warnings derived; `config_path` names the
+    config to report (None: the file `load_config` would read). Never raises for a bad config: its problems
+    are reported."""
     import torch
 
     from h3director.core.config import find_config_path, load_config

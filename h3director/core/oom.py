@@ -593,7 +593,8 @@ def explain_log(text: str, *, dedupe: bool = True) -> list[OomError | NotUnderst
 
 
 def format_explanations(items: list[OomError | NotUnderstood]) -> str:
-    """Human-readable explanation of `explain_log`'s result."""
+    """`explain_log`'s `items` as text for a person: one block per error or not-understood line, or "no
+    out-of-memory errors found" for none."""
     if not items:
         return "no out-of-memory errors found"
     blocks = []
