@@ -153,8 +153,9 @@ def _rms_norm(ledger: _DiTLedger, name: str, numel: int, e: int, input_bytes: in
 
 def replay_math_attention(ledger: ByteLedger, score_elements: int, out_bytes: int, e: int,
                           k_bytes: int | None = None) -> None:
-    """PyTorch's unfused SDPA: q and k scaled by sqrt(scale) (copies), scores, their softmax, then the
-    output "attn" (left live; the output has q's size, `out_bytes`; k has `k_bytes`, default q's size)."""
+    """Replay into `ledger` the allocations of PyTorch's unfused SDPA, in bytes: q and k scaled by
+    sqrt(scale) (copies), scores and their softmax (`score_elements` elements of `e` bytes each), then the
+    output "attn", left live, of `out_bytes` (q's size; k has `k_bytes`, default q's size). Returns None."""
     ledger.alloc("q_scaled", out_bytes)
     ledger.alloc("k_scaled", out_bytes if k_bytes is None else k_bytes)
     ledger.alloc("scores", score_elements * e)

@@ -280,7 +280,8 @@ def _sampling_working_set(config_key: str, rows: PackedRows, dtype: str, attenti
 
 
 def estimate(request: PlanRequest) -> PlanEstimate:
-    """Per-phase bytes for `request` (validated first; see the module docstring)."""
+    """The `PlanEstimate` (bytes per phase, device and host) for `request`, which is validated first:
+    `InvalidInputError` for a size, frame count or setting out of range (see the module docstring)."""
     request.validate()
     # H3 samples its audio rows whether or not the audio is decoded (ComfyUI's empty AV latent always
     # carries them), so `request.audio` only decides the audio VAE and its output; only a video-only draft

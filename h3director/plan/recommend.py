@@ -216,7 +216,9 @@ class Recommendation:
 
 
 def dit_memory_settings(head_chunks: int, ffn_chunks: int) -> dict:
-    """How to run a (head chunks, FFN chunks) choice: the ComfyUI node's inputs and the diffusers call.
+    """How to run `head_chunks` x `ffn_chunks` (counts), as a dict: ``node`` (the ComfyUI node's display name,
+    None for the stock (1, 1) block), its ``mode``, ``head_chunks`` and ``ffn_chunks`` inputs, the
+    ``diffusers`` call, and an ``advice`` line.
 
     (1, 1) is the stock block: nothing to install. Otherwise the node "H3Director DiT Memory" in mode
     fixed with those counts (mode auto starts from them and escalates per forward when the device has
@@ -309,8 +311,9 @@ def _fewest_offloaded(base: PlanRequest, budget: Budget, blocks: int) -> PlanReq
 
 
 def choose_dit(request: PlanRequest, budget: Budget, formats: Sequence[str]) -> PlanRequest | None:
-    """Per weights format, in order: the least chunking that fits with the DiT resident; else, since
-    offloaded blocks cross the bus every step while the chunked tiers are exact and cost little time,
+    """The `request` with the DiT settings to run it within `budget` (bytes), or None when no format of
+    `formats` fits. Per weights format, in order: the least chunking that fits with the DiT resident; else,
+    since offloaded blocks cross the bus every step while the chunked tiers are exact and cost little time,
     the chunking that needs the fewest offloaded blocks (the less chunked one on a tie)."""
     shape = DiTShape.from_config(request.dit_config)
     chunkings = _chunkings(shape)
