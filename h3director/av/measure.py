@@ -174,7 +174,10 @@ def _drift(windows: list[WindowOffset]) -> float | None:
 
 def measure_file(path: str | os.PathLike, max_offset_ms: float = DEFAULT_MAX_OFFSET_MS,
                  window_s: float = DEFAULT_WINDOW_S) -> AVSyncResult:
-    """Measure a media file's A/V offset, streaming both streams (see `media`)."""
+    """The `AVSyncResult` of the media file at `path`: the offset in ms (positive = audio late) searched
+    within +-`max_offset_ms`, in windows of `window_s` seconds, both streams decoded one frame at a time
+    (see `media`). `InvalidInputError` for a missing or unreadable file, or one without a video and an
+    audio stream."""
     from h3director.av.media import probe, read_motion, read_sound
 
     info = probe(path)

@@ -78,7 +78,8 @@ def _keys_for(path: Path, names: set[str]) -> tuple[str, str | None, str]:
 
 
 def read_latent_file(path: str | os.PathLike, limits: SafetensorsLimits = LATENT_LIMITS) -> LatentFile:
-    """Validate the header of `path` (sizes, dtypes, ranks), then load only the latent tensors as float32.
+    """The `LatentFile` at `path`: its header validated against `limits` (sizes, dtypes, ranks), then only the
+    latent tensors loaded, as float32.
 
     Raises `InvalidInputError` naming the file and the problem. Values (NaN/inf, channel counts, sizes
     the VAE can decode) are checked afterwards by the decoder adapter, still before any decoding.

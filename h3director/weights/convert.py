@@ -106,7 +106,9 @@ def _nbytes(qtype_name: str, shape: tuple[int, ...]) -> int:
 
 
 def plan_conversion(source: SafetensorsWeights, target: str) -> ConversionPlan:
-    """Decide each tensor's output from the validated header (no tensor data read)."""
+    """The `ConversionPlan` for writing `source` as a GGUF of `target` type (one of `TYPES`, checked by
+    `convert`): each tensor's output name, type and bytes, decided from the validated header alone (no
+    tensor data read). `InvalidInputError` for a source that is not an H3 DiT the GGUF loaders take."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     where = repr(str(source.path))
@@ -182,7 +184,10 @@ def _encode(tensor, item: TensorPlan) -> np.ndarray:
 
 def convert(in_path: str | os.PathLike, out_path: str | os.PathLike, target: str,
             progress: Callable[[int, int, TensorPlan], None] | None = None) -> ConversionPlan:
-    """Convert the safetensors H3 DiT at `in_path` into a GGUF of `target` type at `out_path`.
+    """Convert the safetensors H3 DiT at `in_path` into a GGUF of `target` type (one of `TYPES`) at
+    `out_path`; returns the `ConversionPlan` followed. `progress(done, total, tensor_plan)` is called after
+    each tensor. `InvalidInputError` for an unknown `target`, or an input that is not a convertible H3 DiT,
+    before anything is written.
 
     Streams: the tensor table is written first from the plan, then each tensor is loaded, encoded and
     appended before the next is read. The output appears under its final name only when complete.

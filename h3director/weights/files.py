@@ -180,7 +180,8 @@ def _reference_dequant(info: Any) -> Any:
 
 
 def open_weights(path: str | os.PathLike) -> WeightFile:
-    """Open a `.safetensors` or `.gguf` file (by its first bytes, then its suffix), validated."""
+    """The validated `WeightFile` for `path`: `GGUFWeights` or `SafetensorsWeights`, chosen by its first
+    bytes, then its suffix. `InvalidInputError` for a missing file, a bad magic, or neither format."""
     path = Path(path)
     if not path.is_file():
         raise InvalidInputError(f"{str(path)!r} is not a file")

@@ -111,7 +111,9 @@ def pair_names(here, there) -> dict[str, str]:
 
 
 def verify(path: str | os.PathLike, against: str | os.PathLike | None = None) -> VerifyReport:
-    """Validate `path`, hash every tensor, and compare with `against` when given (see the module docstring)."""
+    """The `VerifyReport` of the weight file at `path`: validated, every tensor hashed (SHA-256 of its
+    stored bytes), and compared tensor by tensor with `against` when given (see the module docstring).
+    `InvalidInputError` for a missing or malformed file."""
     with open_weights(path) as source:
         report = VerifyReport(str(path), source.kind, against=None if against is None else str(against))
         other = open_weights(against) if against is not None else None
