@@ -87,9 +87,9 @@ def plan_text(width: int, height: int, frames: int, budget_bytes: int | None, de
 
 
 class PlanNode(io.ComfyNode):
-    """Node `H3DirectorPlan`: an H3 LATENT + `budget_gb` (GB; 0 = this device's memory) -> `plan`
+    """Node `H3DirectorPlan`: an H3 LATENT + `budget_gb` (GiB; 0 = this device's memory) -> `plan`
     (STRING: per-phase estimate and recommendation) and the recommended settings to wire on: `head_chunks`,
-    `ffn_chunks`, `blocks_offloaded` (INT) and `budget_gb` (FLOAT, GB, for the streaming decode)."""
+    `ffn_chunks`, `blocks_offloaded` (INT) and `budget_gb` (FLOAT, GiB, for the streaming decode)."""
 
     @classmethod
     def define_schema(cls) -> io.Schema:
