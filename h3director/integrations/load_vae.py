@@ -238,7 +238,9 @@ def load_vae(path: str | os.PathLike, kind: str = "video", dtype: str = "float32
 
 
 def video_adapter_for(vae):
-    """The streaming-decode adapter for a loaded diffusers video VAE (H3 or Wan)."""
+    """The streaming-decode adapter for a loaded diffusers video VAE: `H3VideoAdapter` for
+    `AutoencoderKLMiniMaxH3`, `WanVideoAdapter` for `AutoencoderKLWan`; `InvalidInputError` for any other
+    class."""
     name = type(vae).__name__
     if name == "AutoencoderKLMiniMaxH3":
         from h3director.integrations.diffusers_h3 import H3VideoAdapter
@@ -252,7 +254,8 @@ def video_adapter_for(vae):
 
 
 def audio_adapter_for(vae):
-    """The chunked-decode adapter for a loaded diffusers H3 audio VAE."""
+    """The chunked-decode `H3AudioAdapter` for a loaded `AutoencoderKLMiniMaxH3Audio`; `InvalidInputError`
+    for any other class."""
     name = type(vae).__name__
     if name != "AutoencoderKLMiniMaxH3Audio":
         raise InvalidInputError(f"no audio adapter for {name}; expected AutoencoderKLMiniMaxH3Audio")
