@@ -12,9 +12,9 @@ Search order (first fit wins; exact savings before ones that cost speed, speed b
 3. decode: the reference tiled path, else streamed tiling with 4, 2, 1 tiles per call; the sink
    uint8 frames if the whole video fits host RAM, else memmap / video file;
 4. if no setting fits the whole length: long-form generation in chunks on the 17n+5 grid, each
-   chunk conditioned on the previous chunk's last `LONG_FORM_OVERLAP` frames; the longest chunk
-   that fits is found by bisection over the grid (every phase's bytes grow with the chunk's length),
-   so a plan costs the same few hundred estimates whatever the length.
+   chunk conditioned on the previous chunk's last `geometry.CHAIN_OVERLAP` frames (22: one encoder clip
+   plus the grid's 5); the longest chunk that fits is found by bisection over the grid (every phase's
+   bytes grow with the chunk's length), so a plan costs the same few hundred estimates whatever the length.
 
 `Budget.device_usable` = VRAM x (1 - margin) - reserve (CUDA context and allocator slack);
 `Budget.host_usable` = RAM x (1 - margin). On a CPU-only or MPS budget (`Budget.unified`) model and
@@ -52,10 +52,9 @@ DEFAULT_TARGET = "comfyui"
 # (head chunks, FFN chunks), cheapest to run first: stock, then the DiT memory tiers in the order
 # `h3director.dit.tiers.escalation_ladder` walks them (FFN row chunks, then head groups with them).
 CHUNKINGS = ((1, 1), (1, 2), (2, 8), (4, 8), (8, 16), (14, 28), (28, 56), (56, 112))
-DIT_MEMORY_NODE = "H3Director DiT Memory"
+DIT_MEMORY_TITLE = "H3Director DiT Memory"   # the node's display name (its id: capabilities.DIT_MEMORY_NODE)
 DECODE_TILES = (None, 4, 2, 1)
 SINK_ORDER = ("uint8", "memmap")
-LONG_FORM_OVERLAP = geometry.CHAIN_OVERLAP   # 22 frames (17 + 5): one encoder clip plus the grid's 5, reused as conditioning
 DEFAULT_MARGIN = 0.10
 DEFAULT_RESERVE = 768 * MiB
 
@@ -226,8 +225,8 @@ def dit_memory_settings(head_chunks: int, ffn_chunks: int) -> dict:
     if (head_chunks, ffn_chunks) == (1, 1):
         return {"node": None, "advice": "stock DiT blocks: no DiT memory node needed"}
     call = f"apply_memory_plan(transformer, head_chunks={head_chunks}, ffn_chunks={ffn_chunks})"
-    node = f'{DIT_MEMORY_NODE}: mode fixed, head_chunks {head_chunks}, ffn_chunks {ffn_chunks}'
-    return {"node": DIT_MEMORY_NODE, "mode": "fixed", "head_chunks": head_chunks, "ffn_chunks": ffn_chunks,
+    node = f'{DIT_MEMORY_TITLE}: mode fixed, head_chunks {head_chunks}, ffn_chunks {ffn_chunks}'
+    return {"node": DIT_MEMORY_TITLE, "mode": "fixed", "head_chunks": head_chunks, "ffn_chunks": ffn_chunks,
             "diffusers": call,
             "advice": f'node "{node}" (or mode auto, which starts there); diffusers: {call}'}
 
@@ -459,7 +458,7 @@ def _recommend(request: PlanRequest, budget: Budget | int, *, formats: Sequence[
 
     rejected.append(f"{request.frames} frames in one pass do not fit with any format, chunking or offload "
                     f"(activations alone need {format_size(sampling.working_bytes)} in {formats[0]})")
-    overlap = LONG_FORM_OVERLAP
+    overlap = geometry.CHAIN_OVERLAP
     found = _longest_chunk(request, budget, formats, overlap)
     if found is not None:
         longest, _ = found
