@@ -61,7 +61,9 @@ def _given(args: argparse.Namespace, names) -> list[str]:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Refuse flag combinations that would do nothing, and bad output paths, before any planning."""
+    """Refuse, with `InvalidInputError` and before any planning, flag combinations that would do nothing
+    and bad output paths; returns None. Sets `args.target` ("diffusers" with `--diffusers`, else "comfyui"
+    when unset)."""
     from h3director.core.atomic_file import check_output_path
     from h3director.plan.workflow_comfy import dit_file_kind
 
@@ -199,7 +201,9 @@ def stage_paths(path: str) -> tuple[str, str]:
 
 
 def run_staged(args: argparse.Namespace, request, budget, source: str, fmts) -> int:
-    """`--staged`: price both stages, print them (or JSON), and write the two workflows with `--workflow`."""
+    """`--staged`: price both stages of `request` on `budget` (`source` says where the budget came from;
+    `fmts` the DiT formats allowed), print them (or JSON), and write the two workflows with `--workflow`;
+    returns 0."""
     from h3director.plan.staged import (
         DEFAULT_DENOISE,
         DEFAULT_DRAFT_FPS,

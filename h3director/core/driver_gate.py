@@ -144,7 +144,8 @@ def collect_driver_info() -> DriverInfo:
 
 
 def driver_lines(info: DriverInfo) -> list[tuple[str, str]]:
-    """Rows for `doctor`'s table."""
+    """`doctor`'s (label, value) rows for `info`: the NVIDIA driver (version, CUDA it supports, GPUs) and
+    the CUDA runtime torch was built with."""
     if info.driver_version is None:
         return [("NVIDIA driver", f"none: {info.status}"),
                 ("CUDA runtime", info.cuda_runtime_version or "none (CPU build of torch)")]

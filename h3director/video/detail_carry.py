@@ -52,7 +52,9 @@ class CarryPlan:
 
 
 def plan_carry(frames, detailed, indices: Sequence[int]) -> CarryPlan:
-    """Check the three inputs against each other (see the module docstring) and return the geometry."""
+    """The `CarryPlan` (geometry) of merging `detailed` keyframes `[K, H', W', C]` at `indices` into
+    `frames` `[F, H, W, C]`, once the three are checked against each other (see the module docstring);
+    `InvalidInputError` naming the first mismatch."""
     count = frame_count(frames)
     shape = tuple(detailed.shape)
     if len(shape) != 4 or min(shape) < 1:

@@ -52,7 +52,8 @@ class KeyframeSelection:
 
 
 def frame_count(frames) -> int:
-    """Frames in a `[F, H, W, C]` sequence, after checking its shape and dtype."""
+    """The number of frames F of `frames` `[F, H, W, C]` (C 1, 3 or 4; float in [0, 1] or uint8);
+    `InvalidInputError` for any other shape or dtype."""
     shape = tuple(frames.shape)
     if len(shape) != 4 or shape[-1] not in (1, 3, 4) or min(shape) < 1:
         raise InvalidInputError(f"frames must be [F >= 1, H, W, C in (1, 3, 4)], got shape {list(shape)}")
