@@ -23,18 +23,6 @@ import numpy as np
 from h3director.native import _common
 from h3director.native._arena import Arena, ArenaFullError, ArenaStats, Lease
 
-__all__ = [
-    "Arena",
-    "ArenaFullError",
-    "ArenaStats",
-    "Lease",
-    "backend",
-    "dequantize",
-    "describe",
-    "implementation",
-    "pack_frames",
-]
-
 _BACKEND_ENV = "H3_NATIVE"  # "numpy" forces the fallback, "c" makes a missing library an error
 
 
@@ -155,3 +143,7 @@ def dequantize(
         flat = flat.view(np.uint16)  # the backends write bfloat16 as its 16 bits
     impl.dequantize(blocks, qt, flat, name, threads)
     return result
+
+
+__all__ = ["Arena", "ArenaFullError", "ArenaStats", "Lease", "backend", "dequantize", "describe",
+           "implementation", "pack_frames"]

@@ -26,8 +26,6 @@ from dataclasses import dataclass
 from h3director.errors import InvalidInputError
 from h3director.plan.capabilities import GGUF_TYPES, applied_settings
 
-__all__ = ["DiffusersFiles", "diffusers_script"]
-
 
 @dataclass(frozen=True)
 class DiffusersFiles:
@@ -223,3 +221,6 @@ if __name__ == "__main__":
     main()
 '''
     return header + body
+
+
+__all__ = ["DiffusersFiles", "diffusers_script"]
