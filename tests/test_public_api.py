@@ -77,10 +77,18 @@ def _static_all(path: Path) -> list[str] | None:
     return None
 
 
+def _optional_missing(exc: ImportError) -> bool:
+    """True when `exc` says a third-party package is not installed (an optional extra: ray, rich, ComfyUI), not
+    that something inside h3director is broken (a renamed name, a missing module of the package)."""
+    return isinstance(exc, ModuleNotFoundError) and bool(exc.name) and not exc.name.startswith("h3director")
+
+
 def _import(module: str):
     try:
         return importlib.import_module(module)
-    except ImportError as exc:  # an optional extra (ray, rich, ComfyUI) absent here
+    except ImportError as exc:
+        if not _optional_missing(exc):
+            raise
         pytest.skip(f"{module} needs {exc.name}, not installed here")
 
 
@@ -155,7 +163,9 @@ def _exports() -> dict[str, dict[int, tuple[object, list[str]]]]:
     for module, path in MODULES:
         try:
             imported = importlib.import_module(module)
-        except ImportError:
+        except ImportError as exc:
+            if not _optional_missing(exc):
+                raise
             continue
         for name in _static_all(path) or []:
             obj = getattr(imported, name, None)
