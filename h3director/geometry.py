@@ -354,6 +354,8 @@ conditioned on the previous one's last 22 frames (one encoder clip plus the grid
 
 def chain_segments(frames: int, max_segment_frames: int, overlap: int = CHAIN_OVERLAP) -> tuple[int, ...]:
     """Segment lengths of the shortest chain that renders exactly `frames` frames, every length on the grid.
+    `InvalidInputError` for `frames`, `max_segment_frames` or `overlap` off the 17n+5 grid, or segments no
+    longer than the overlap.
 
     Consecutive segments share `overlap` frames, so the chain's length is ``sum(segments) - (k - 1) * overlap``
     and equals `frames` exactly. With all three of `frames`, `overlap` and every segment on the 17n+5 grid

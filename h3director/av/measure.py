@@ -113,9 +113,10 @@ def _plot_envelopes(times: np.ndarray, energies: np.ndarray, flux: Envelope | No
 def measure_tracks(frame_times: np.ndarray, energies: np.ndarray, signatures: np.ndarray, level: SoundLevel,
                    fps: float, max_offset_ms: float = DEFAULT_MAX_OFFSET_MS, window_s: float = DEFAULT_WINDOW_S,
                    flux: Envelope | None = None) -> AVSyncResult:
-    """Measure the offset from the picture's frame timestamps (seconds), frame differences (``len - 1`` values) and
-    frame signatures (`envelopes.block_signature`, one row per frame), and the sound's `SoundLevel`. `flux`, the
-    sound's spectral flux, only feeds the plot."""
+    """Measure the offset from the picture's frame timestamps (seconds), frame differences (``len - 1``
+    values) and frame signatures (`envelopes.block_signature`, one row per frame), and the sound's
+    `SoundLevel`. `flux`, the sound's spectral flux, only feeds the plot. Returns the `AVSyncResult`;
+    `InvalidInputError` unless `fps`, `max_offset_ms` and `window_s` are > 0."""
     if not fps > 0:
         raise InvalidInputError(f"fps must be > 0, got {fps}")
     if not max_offset_ms > 0:
@@ -190,8 +191,10 @@ def measure_arrays(frames, fps: float, samples: np.ndarray, sample_rate: int,
                    max_offset_ms: float = DEFAULT_MAX_OFFSET_MS, window_s: float = DEFAULT_WINDOW_S,
                    stride: int = 1) -> AVSyncResult:
     """Measure frames already in memory: `frames` iterates ``[H, W, C]`` arrays (uint8 0..255 or float
-    0..1), frame k shown at ``k / fps``; `samples` is ``[L]`` or ``[channels, L]`` float, sample 0 at
-    time 0. `stride` keeps every stride-th pixel per axis before differencing (cheaper, same events)."""
+    0..1), frame k shown at ``k / fps``; `samples` is ``[L]`` or ``[channels, L]`` float, sample 0 at time
+    0. `stride` keeps every stride-th pixel per axis before differencing (cheaper, same events). Returns
+    the `AVSyncResult`; `InvalidInputError` for `fps` or `sample_rate` <= 0, fewer than 2 frames, no
+    samples, or a frame that is not ``[H, W, C]``."""
     if not fps > 0:
         raise InvalidInputError(f"fps must be > 0, got {fps}")
     if sample_rate <= 0:

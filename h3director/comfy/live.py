@@ -56,7 +56,8 @@ def start_monitor(interval_ms: float, label: str, budget_bytes: int | None = Non
 
 
 def stop_monitor(handle: MonitorHandle):
-    """Stop the monitor behind `handle` and return its `MonitorReport` (also kept as the last report)."""
+    """Stop the monitor behind `handle` and return its `MonitorReport` (also kept as the last report).
+    `InvalidInputError` when it is not running (stopped already, or ComfyUI restarted since)."""
     global _last_report
     from h3director.errors import InvalidInputError
 

@@ -101,7 +101,8 @@ def check_args(args: argparse.Namespace) -> None:
 
 def formats(args: argparse.Namespace) -> list[str] | None:
     """The DiT formats the plan may choose: `--weights` if given (checked against what loads it when a
-    workflow is written); for a workflow, those its `--dit` file can hold; else None (every format)."""
+    workflow is written); for a workflow, those its `--dit` file can hold; else None (every format).
+    `InvalidInputError` for a GGUF `--dit` without `--weights`, or weights no ComfyUI loader reads."""
     from h3director.plan.capabilities import GGUF_TYPES
     from h3director.plan.formats import weight_format
     from h3director.plan.workflow_comfy import dit_file_kind, loadable_formats

@@ -654,7 +654,9 @@ def find_config_path(path: str | os.PathLike | None = None, *, env: Mapping[str,
 
 def validate_config(data: Mapping[str, Any], *, source: str = "<mapping>",
                     env: Mapping[str, str] | None = None) -> H3Config:
-    """Validate a mapping (plus ``H3_...`` overrides from ``env``, none when omitted) into `H3Config`."""
+    """Validate a mapping (plus ``H3_...`` overrides from ``env``, none when omitted) into `H3Config`.
+    `source` names where the mapping came from, in messages. Raises `ConfigValidationError` listing every
+    problem."""
     overrides, origin_of, applied, problems = _env_overrides(env or {})
     merged = _merge(dict(data), overrides)
     config = None

@@ -54,7 +54,8 @@ for _power, _letter in enumerate("KMGT", start=1):
 
 
 def parse_size_text(text: str) -> int:
-    """``"3.78 GiB"`` -> bytes (binary units, also for MPS's "GB"); ``"512 bytes"`` -> 512."""
+    """``"3.78 GiB"`` -> bytes (binary units, also for MPS's "GB"); ``"512 bytes"`` -> 512. `ValueError`
+    for anything else."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*(bytes|[KMGT]i?B)\s*", text)
     if not match:
         raise ValueError(f"not a PyTorch size: {text!r}")

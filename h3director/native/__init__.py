@@ -27,7 +27,8 @@ _BACKEND_ENV = "H3_NATIVE"  # "numpy" forces the fallback, "c" makes a missing l
 
 
 def implementation(name: str | None = None) -> ModuleType:
-    """The backend module for `name` ("c", "numpy", or None for the active one)."""
+    """The backend module for `name` ("c", "numpy", or None for the active one). `InvalidInputError` for
+    any other name, also from ``H3_NATIVE``."""
     wanted = name or os.environ.get(_BACKEND_ENV, "").strip().lower() or None
     if wanted not in (None, "c", "numpy"):
         raise _common.InvalidInputError(f"backend must be 'c' or 'numpy', got {wanted!r}")

@@ -14,7 +14,8 @@ _DTYPE_BYTES = {
 
 
 def dtype_bytes(dtype: object) -> int:
-    """Bytes per element of a floating compute dtype: `torch.float32` or "fp32" -> 4, "bf16" -> 2."""
+    """Bytes per element of a floating compute dtype: `torch.float32` or "fp32" -> 4, "bf16" -> 2.
+    `InvalidInputError` for any other dtype."""
     itemsize = getattr(dtype, "itemsize", None)
     if isinstance(itemsize, int) and not isinstance(dtype, str):
         return itemsize

@@ -100,7 +100,8 @@ def carry_detail(frames, detailed, indices: Sequence[int], *, flow_warp: bool = 
 
 def merge_into(out, frames, detailed, indices: Sequence[int], *, flow_warp: bool = False):
     """Write every output frame into `out` `[F, H', W', C]` (float32; numpy or a CPU torch tensor) and
-    return it. Checked before the first write."""
+    return it. Checked before the first write. `InvalidInputError` for inputs that do not fit each other
+    (see `plan_carry`) or an `out` of another shape."""
     plan = plan_carry(frames, detailed, indices)
     expected = (plan.count, *plan.size, plan.channels)
     if tuple(out.shape) != expected:

@@ -104,7 +104,8 @@ def read_latent_file(path: str | os.PathLike, limits: SafetensorsLimits = LATENT
 
 
 def write_latent_file(path: str | os.PathLike, video: torch.Tensor, audio: torch.Tensor | None = None) -> Path:
-    """Write latents as an H3 Director ``.safetensors`` that `read_latent_file` (and `h3director decode`) reads.
+    """Write latents as an H3 Director ``.safetensors`` that `read_latent_file` (and `h3director decode`)
+    reads. `InvalidInputError` for a `path` that does not end in ``.safetensors``.
 
     `video` `[B, C, T, h, w]` goes under ``latents``, `audio` (either layout of the module docstring) under
     ``audio_latents``, both as they are (dtype kept, moved to the host). Atomic: the file appears under

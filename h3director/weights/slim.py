@@ -37,8 +37,10 @@ class SlimResult:
 def slim(in_path: str | os.PathLike, out_path: str | os.PathLike, keep: list[str], dtype: str | None = None,
          strip_prefix: bool = False) -> SlimResult:
     """Write the tensors of the `keep` components of `in_path` to `out_path`, cast to `dtype` ("bf16",
-    "fp16", "fp32" or None = as stored). `strip_prefix`: drop the all-in-one prefix (``model.diffusion_model.``,
-    ``vae.`` ...) from the kept names, for loaders of single-component files."""
+    "fp16", "fp32" or None = as stored). `strip_prefix`: drop the all-in-one prefix
+    (``model.diffusion_model.``, ``vae.`` ...) from the kept names, for loaders of single-component files.
+    `InvalidInputError` for an unknown component or dtype, none of `keep` in the file, or names that would
+    collide once stripped."""
     unknown = [k for k in keep if k not in COMPONENTS]
     if unknown or not keep:
         raise InvalidInputError(f"--keep takes {', '.join(COMPONENTS)}; got {', '.join(unknown) or 'nothing'}")
