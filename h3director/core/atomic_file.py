@@ -23,7 +23,9 @@ def temporary_path(final: Path, tag: str) -> Path:
 
 
 def check_output_path(path: str | os.PathLike, suffixes: tuple[str, ...], owner: str) -> Path:
-    """Resolve an output path and refuse it early: wrong suffix, missing folder, or a directory."""
+    """Resolve an output path and refuse it early: wrong suffix, missing folder, or a directory. Returns
+    the resolved `Path`; `InvalidInputError`, starting with `owner`, for a suffix not in `suffixes`, a
+    directory, or a folder that is missing or not writable."""
     final = Path(path).expanduser().absolute()
     if final.suffix.lower() not in suffixes:
         raise InvalidInputError(f"{owner}: output must end in {' or '.join(suffixes)}, got {str(final)!r}")

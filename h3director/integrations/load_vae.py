@@ -212,7 +212,8 @@ def _from_single_file(file: Path, kind: str, dtype: torch.dtype, allow_default_c
 
 def load_vae(path: str | os.PathLike, kind: str = "video", dtype: str = "float32", device: str = "cpu", *,
              allow_default_config: bool = False):
-    """Load a real diffusers VAE of `kind` ("video" or "audio") from `path`, in eval mode on `device`.
+    """Load a real diffusers VAE of `kind` ("video" or "audio") from `path`, in eval mode on `device`. Returns
+    the VAE module (`dtype` "float32", "float16" or "bfloat16").
 
     Raises `InvalidInputError` for a missing path, a file that is not `.safetensors`, a folder that is
     not a diffusers model, a config naming another class, weights whose tensor names or shapes do not

@@ -147,7 +147,8 @@ def _settings_line(rec: Recommendation) -> str:
 def plan_staged(request: PlanRequest, budget: Budget, *, draft_size: tuple[int, int] | None = None,
                 draft_fps: float = DEFAULT_DRAFT_FPS, denoise: float = DEFAULT_DENOISE,
                 formats: Sequence[str] | None = None) -> StagedPlan:
-    """Recommend settings for both stages of `request` (the final video) within `budget`.
+    """Recommend settings for both stages of `request` (the final video) within `budget`. Returns the
+    `StagedPlan`.
 
     `draft_size`: (width, height) of the draft, default `default_draft_size`; `draft_fps`: its frame rate
     (0 < fps <= 24); `denoise`: stage two's KSampler denoise, in (0, 1). The draft uses the final's DiT weights

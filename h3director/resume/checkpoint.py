@@ -84,7 +84,8 @@ def _listed(folder: Path) -> list[tuple[int, Path]]:
 
 
 def read_checkpoint(path: Path) -> SamplingCheckpoint:
-    """Load one checkpoint file and verify it; raises `ValueError`/`OSError` describing what is wrong."""
+    """Load one checkpoint file and verify it; raises `ValueError`/`OSError` describing what is wrong.
+    Returns the `SamplingCheckpoint`."""
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt", device="cpu") as handle:

@@ -40,7 +40,7 @@ def slim(in_path: str | os.PathLike, out_path: str | os.PathLike, keep: list[str
     "fp16", "fp32" or None = as stored). `strip_prefix`: drop the all-in-one prefix
     (``model.diffusion_model.``, ``vae.`` ...) from the kept names, for loaders of single-component files.
     `InvalidInputError` for an unknown component or dtype, none of `keep` in the file, or names that would
-    collide once stripped."""
+    collide once stripped. Returns the `SlimResult`."""
     unknown = [k for k in keep if k not in COMPONENTS]
     if unknown or not keep:
         raise InvalidInputError(f"--keep takes {', '.join(COMPONENTS)}; got {', '.join(unknown) or 'nothing'}")
