@@ -428,3 +428,7 @@ def run_farm(jobs_path: str | Path, out_dir: str | Path, *, address: str | None,
         return 0 if not errors and all(row.state == "done" for row in rows) else 1
     finally:
         ledger.close()
+
+
+__all__ = ["LEDGER_NAME", "MAX_ATTEMPTS", "ClusterUnreachableError", "Farm", "Session", "WorkerStartError",
+           "connect", "dry_run", "run_farm", "start_workers"]
