@@ -83,6 +83,12 @@ class KernelWidths:
         """Attention width: heads x head_dim (7168 for H3)."""
         return self.heads * self.head_dim
 
+    @classmethod
+    def of(cls, shape: Any) -> KernelWidths:
+        """The widths of a model shape (`h3director.plan.activations.DiTShape` or anything with `hidden`,
+        `heads`, `head_dim` and `ffn`)."""
+        return cls(hidden=int(shape.hidden), heads=int(shape.heads), head_dim=int(shape.head_dim), ffn=int(shape.ffn))
+
 
 H3_WIDTHS = KernelWidths()
 
