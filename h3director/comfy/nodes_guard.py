@@ -219,19 +219,18 @@ def would_have_fit(cost, rows: int, dtype, heads: int, budget_bytes: int, measur
 
 
 def forward_price(model, device, transformer_options: dict, handle=None):
-    """`price(plan, rows, dtype) -> bytes` of one forward of `model` on `device`, from the cost model the DiT
-    Memory node uses (`comfy_dit.forward_cost_model`: the planner's ledger at the model's widths and the
-    attention backend the forward calls). With that node's `handle` installed: exactly what its capacity
-    check needs (`comfy_dit.forward_capacity(...).need_bytes`: cost x calibration + resident, plus its
-    margin), so the guard and the node agree on whether a tier fits the same room; without it, the cost
-    model's bytes."""
-    from h3director.integrations import comfy_dit
+    """`price(plan, rows, dtype) -> bytes` of one forward of `model` on `device`, from the capacity check the
+    DiT Memory node uses (`comfy_dit.forward_capacity`: the planner's ledger at the model's widths and the
+    attention backend the forward calls). With that node's `handle` installed: exactly what its check needs
+    (`need_bytes`: cost x calibration + resident, plus its margin), so the guard and the node agree on
+    whether a tier fits the same room; without it, the check's cost model (the activation bytes)."""
+    from h3director.integrations.comfy_dit import forward_capacity
 
     if handle is not None:
-        check = comfy_dit.forward_capacity(model, device, transformer_options, handle)
+        check = forward_capacity(model, device, transformer_options, handle)
         if callable(getattr(check, "need_bytes", None)):
             return check.need_bytes
-    return comfy_dit.forward_cost_model(model, device, transformer_options)
+    return forward_capacity(model, device, transformer_options).cost_model
 
 
 def make_guard_wrapper(guard, cost_model=None, stopper=None):

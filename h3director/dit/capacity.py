@@ -75,6 +75,14 @@ def ledger_cost_model(shape: DiTShape | None = None, framework: str = "diffusers
     return DiTCostModel(shape or DiTShape(), framework, attention, fused_norms=fused)
 
 
+def default_capacity(shape: DiTShape | None, framework: str, device: Any, budget_bytes: int | None = None,
+                     attention: str = "flash") -> CapacityCheck:
+    """The capacity check an adapter uses when the caller gives none: `ledger_cost_model(shape, framework,
+    attention, device)` on `device` (`shape` None: the released H3 DiT), capped by `budget_bytes` (bytes;
+    None = what the device can give), with the default margin."""
+    return CapacityCheck(ledger_cost_model(shape, framework, attention, device), device, budget_bytes=budget_bytes)
+
+
 def _kind(device: Any) -> str:
     return str(device).partition(":")[0]
 

@@ -369,31 +369,21 @@ def attention_ledger_kind(transformer_options: dict) -> str:
     return ATTENTION_LEDGER.get(getattr(h3.optimized_attention, "__name__", ""), "flash")
 
 
-def forward_cost_model(diffusion_model, device, transformer_options: dict):
-    """The cost model of one forward (`h3director.dit.capacity.ledger_cost_model`: the planner's ledger of
-    ComfyUI's H3 block, `cost(plan, rows, dtype) -> bytes`) at the model's widths with the attention backend
-    this forward calls (`attention_ledger_kind`), on `device`. A model that is not ComfyUI's H3 DiT is priced
-    at the released H3 widths with a fused attention kernel. The DiT Memory node's capacity check and the
-    Memory Guard both price forwards with it."""
-    from h3director.dit.capacity import ledger_cost_model
-
-    if not is_h3_model(diffusion_model):
-        return ledger_cost_model(None, "comfy", device=device)
-    return ledger_cost_model(comfy_shape(diffusion_model), "comfy", attention_ledger_kind(transformer_options),
-                             device=device)
-
-
 def forward_capacity(diffusion_model, device, transformer_options: dict, handle: DiTMemoryHandle | None = None):
-    """The capacity check that decides whether a forward fits: `handle.capacity` (given at install, or built
-    here at first use: `CapacityCheck(forward_cost_model(...), device, budget_bytes=handle.budget_bytes)`,
-    then `handle.own_capacity`); without a handle, a new check with no budget. The DiT Memory node's forward
-    and the Memory Guard ask this same function, so they price a forward alike."""
-    from h3director.dit.capacity import CapacityCheck
+    """The capacity check that prices a forward: `handle.capacity` (given at install, or built here at first
+    use, then `handle.own_capacity`), or without a handle a new one with no budget. Built:
+    `h3director.dit.capacity.default_capacity` with the planner's ledger of ComfyUI's H3 block at the model's
+    widths and the attention backend this forward calls (`attention_ledger_kind`), on `device`, under the
+    handle's budget; a model that is not ComfyUI's H3 DiT is priced at the released widths with a fused
+    kernel. The DiT Memory node and the Memory Guard both price forwards through this function."""
+    from h3director.dit.capacity import default_capacity
 
     if handle is not None and handle.capacity is not None:
         return handle.capacity
-    check = CapacityCheck(forward_cost_model(diffusion_model, device, transformer_options), device,
-                          budget_bytes=handle.budget_bytes if handle is not None else None)
+    h3 = is_h3_model(diffusion_model)
+    check = default_capacity(comfy_shape(diffusion_model) if h3 else None, "comfy", device,
+                             handle.budget_bytes if handle is not None else None,
+                             attention_ledger_kind(transformer_options) if h3 else "flash")
     if handle is not None:
         handle.capacity, handle.own_capacity = check, True
     return check
@@ -555,5 +545,5 @@ def installed_handle(model_patcher) -> DiTMemoryHandle | None:
 
 
 __all__ = ["DiTMemoryHandle", "check_conflicts", "clip_segments", "consumes_containers", "dit_memory_of",
-           "forward_capacity", "forward_cost_model", "install", "installed_handle", "is_h3_model", "linear_kind",
+           "forward_capacity", "install", "installed_handle", "is_h3_model", "linear_kind",
            "packed_rows", "run_block"]

@@ -73,8 +73,8 @@ from diffusers.models.transformers.transformer_minimax_h3 import (
     _apply_rotary_emb,
 )
 
+from h3director.dit import capacity as dit_capacity
 from h3director.dit.blocks import chunked_rows, grouped_attention, thread_cut_rows
-from h3director.dit.capacity import CapacityCheck, ledger_cost_model
 from h3director.dit.kernels import KernelWidths
 from h3director.dit.memory import DiTMemoryHandle, memory_handle
 from h3director.dit.tiers import LIFETIME_ONLY, STOCK, DiTMemoryPlan
@@ -410,13 +410,13 @@ def verified_kernel_properties(device: torch.device, dtype: torch.dtype,
     return kernels.verified_for_model(device, dtype, widths=_widths(config), rows=rows)
 
 
-def default_capacity(transformer: MiniMaxH3Transformer3DModel, budget_bytes: int | None = None) -> CapacityCheck:
+def default_capacity(transformer: MiniMaxH3Transformer3DModel,
+                     budget_bytes: int | None = None) -> dit_capacity.CapacityCheck:
     """The capacity check `apply_memory_plan` uses when none is given: the planner's diffusers ledgers at
     this model's widths (`DiTShape.from_config`), on the device of its first block's parameters, capped by
     `budget_bytes` (bytes; None = what the device can give)."""
     device = next(transformer.transformer_blocks[0].parameters()).device
-    cost = ledger_cost_model(DiTShape.from_config(transformer.config), "diffusers", device=device)
-    return CapacityCheck(cost, device, budget_bytes=budget_bytes)
+    return dit_capacity.default_capacity(DiTShape.from_config(transformer.config), "diffusers", device, budget_bytes)
 
 
 def _check_model(transformer: Any) -> None:
