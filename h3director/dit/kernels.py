@@ -583,21 +583,12 @@ def verified_properties(device: Any, dtype: Any, path: Any = None, widths: Kerne
     return set(lookup(device, dtype, path, widths, rows).verified)
 
 
-def verified_for_model(device: Any, dtype: Any, widths: KernelWidths | None = None,
-                       rows: int | None = None) -> set[str]:
-    """`verified_properties` for a model about to run ``rows`` packed rows (what the DiT adapters ask): a
-    device or dtype that `verify-kernels` cannot check (fp8 weights, say) has nothing verified rather than
-    an error, which leaves only the tiers exact by construction to "exact only" mode."""
-    try:
-        return verified_properties(device, dtype, widths=widths, rows=rows)
-    except InvalidInputError as error:
-        log.info("no verified kernel properties for %s %s: %s", device, dtype, error)
-        return set()
-
-
 def lookup_for_model(device: Any, dtype: Any, widths: KernelWidths | None = None,
                      rows: int | None = None) -> CacheLookup | None:
-    """`lookup`, or None where `verify-kernels` cannot check the device or dtype."""
+    """`lookup` for a model about to run ``rows`` packed rows (what the DiT adapters ask, through
+    `h3director.dit.memory.VerificationCache`), or None where `verify-kernels` cannot check the device or
+    dtype (fp8 weights, say): then nothing is verified, which leaves "exact only" the tiers exact by
+    construction."""
     try:
         return lookup(device, dtype, widths=widths, rows=rows)
     except InvalidInputError as error:

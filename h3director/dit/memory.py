@@ -1,17 +1,12 @@
 """The DiT memory decision for one installed model: which tier each forward runs, and why.
 
-Both framework adapters (`h3director.integrations.comfy_dit.install`, the H3Director DiT Memory node's
-executor, and `h3director.integrations.diffusers_dit.apply_memory_plan`) build one `DiTMemoryHandle` with
-`memory_handle(...)` before they patch anything, call `handle.decide(rows, dtype, device)` at the start of
-each forward, run the tier it returns, and hand what ran back with `handle.record(...)`. Everything the
-choice depends on lives here or below: the floor tier and its checks (`tiers`), the mode (`capacity.MODES`),
-the capacity check (`capacity.CapacityCheck`), and the kernel verification (`kernels`), looked up through a
-`VerificationCache` per model and shape class.
-
-The Memory Guard node reaches the handle through `comfy_dit.dit_memory_of(transformer_options)` and asks
-it, never its fields: `escalation(rows)` (the cheaper tiers it may try) and `escalate_floor(plan)`.
-
-Exactness: the handle picks tiers; it changes no arithmetic (the tiers' classes are in `tiers`).
+Both framework adapters (`integrations.comfy_dit.install`, behind the DiT Memory node, and
+`integrations.diffusers_dit.apply_memory_plan`) make one `DiTMemoryHandle` with `memory_handle(...)` before
+they patch anything, call `handle.decide(rows, dtype, device)` before each forward, run the tier it returns
+and file what ran with `handle.record(...)`. The choice rests on `tiers` (floor, escalation), `capacity`
+(modes, the capacity check) and `kernels` (verification, through a `VerificationCache` per model and shape
+class). The Memory Guard node reaches the handle through `comfy_dit.dit_memory_of` and asks it
+(`escalation`, `escalate_floor`). Exactness: the handle picks tiers; it changes no arithmetic.
 """
 
 from __future__ import annotations
@@ -30,13 +25,8 @@ from h3director.units import GiB
 
 log = logging.getLogger(__name__)
 
-MAX_REMEMBERED = 64
-"""Verdicts a `VerificationCache` keeps; past this it starts again (a model meets a handful of shape classes)."""
-
-
 def _cache_file_stamp() -> tuple:
-    """(path, inode, size, modification time) of the kernel cache file: a rewrite by `verify-kernels`, or
-    `$H3_KERNEL_CACHE` pointing elsewhere, changes it. One `stat`, no read."""
+    """(path, inode, size, modification time) of the kernel cache file: one `stat`, no read."""
     path = kernel_cache.default_cache_path()
     try:
         stat = path.stat()
@@ -46,9 +36,7 @@ def _cache_file_stamp() -> tuple:
 
 
 def _library_versions() -> tuple:
-    """The versions a lookup's environment key depends on that can change in a process (CPU threads) or are
-    cheap to read (torch, CUDA, HIP). The cuBLAS/oneDNN/MKL versions are fixed for a process and read with
-    the rest of the environment key on a miss."""
+    """torch, CUDA and HIP versions and CPU threads (cuBLAS/oneDNN are fixed for a process: read on a miss)."""
     import torch
 
     return (torch.__version__, torch.version.cuda, getattr(torch.version, "hip", None), torch.get_num_threads())
@@ -85,8 +73,6 @@ class VerificationCache:
         None where `verify-kernels` cannot check the device or dtype."""
         key = self.key(device, dtype, widths, rows)
         if key not in self._found:
-            if len(self._found) >= MAX_REMEMBERED:
-                self._found.clear()
             self.misses += 1
             self._found[key] = self.reader(device, dtype, widths=widths, rows=rows)
         return self._found[key]

@@ -403,11 +403,12 @@ def verified_kernel_properties(device: torch.device, dtype: torch.dtype,
                                config: Any | None = None, rows: int | None = None) -> set[str]:
     """Kernel properties (`h3director.dit.tiers` names) that `verify-kernels` verified on `device` for
     `dtype`, at the widths of `config` (a `MiniMaxH3Transformer3DModel.config`; H3's real widths when None),
-    for the row class of `rows` (None: any), from `h3director.dit.kernels`' cache (`verified_for_model`:
+    for the row class of `rows` (None: any), from `h3director.dit.kernels`' cache (`lookup_for_model`:
     empty when nothing is verified, then only tiers exact by construction count as verified)."""
     from h3director.dit import kernels
 
-    return kernels.verified_for_model(device, dtype, widths=_widths(config), rows=rows)
+    found = kernels.lookup_for_model(device, dtype, widths=_widths(config), rows=rows)
+    return set(found.verified) if found is not None else set()
 
 
 def default_capacity(transformer: MiniMaxH3Transformer3DModel,
@@ -441,9 +442,6 @@ def _check_blocks(transformer: MiniMaxH3Transformer3DModel, plan: DiTMemoryPlan)
             raise InvalidInputError(
                 f"{where} already carries hooks or a replaced forward (group offload, caching, context parallel or "
                 "another patch); apply_memory_plan first, then enable_group_offload")
-        if block.attn.heads % plan.head_chunks:
-            raise InvalidInputError(f"head_chunks={plan.head_chunks} does not divide {where}.attn's {block.attn.heads} "
-                                    "heads")
         net = getattr(block.ff, "net", None)
         if net is None or len(net) != 3 or not isinstance(net[0], SwiGLU) or not isinstance(net[2], nn.Linear):
             raise InvalidInputError(f"{where}.ff is not the SwiGLU FeedForward (proj, dropout, linear) this adapter "
