@@ -15,9 +15,9 @@ that runs out of memory, gets the node's action:
 - ``reduce_batch``: retry the forward with a cheaper execution, the first whose preflight fits: more DiT
   chunks (the tiers above its floor, `DiTMemoryHandle.escalation`) when the DiT Memory node is installed
   on the model (later forwards keep the cheaper tier: `DiTMemoryHandle.escalate_floor`), else the latent
-  batch split in 2, 4, ... parts (every tensor argument whose first dimension is the batch; outputs concatenated). Both
-  are "exact where verified" (the same arithmetic in another grouping). When nothing cheaper fits it
-  stops as above.
+  batch split in 2, 4, ... parts (every tensor argument whose first dimension is the batch; outputs
+  concatenated). Both are "exact where verified" (the same arithmetic in another grouping). When nothing
+  cheaper fits it stops as above.
 - ``fallback_to_cpu`` is not offered: ComfyUI's model patcher owns where the DiT weights live, so a
   DiT forward cannot be rerun on the CPU here. Steps that support it: library steps run with
   `MemoryGuard.run(step, device=...)`, and the decode (its out-of-memory ladder moves a clip to the CPU
