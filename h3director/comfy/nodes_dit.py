@@ -18,6 +18,13 @@ from h3director.units import GiB
 
 
 class DiTMemoryNode(io.ComfyNode):
+    """MODEL -> MODEL (a clone whose H3 DiT blocks run the memory tiers; the input is unchanged).
+
+    Inputs: `mode` (h3director.dit.capacity.MODES), `head_chunks` (must divide the model's heads),
+    `ffn_chunks` (>= 1), `budget_gb` (GiB for the capacity check; 0 = what the device can give). Outputs the
+    install summary as the node's text. Raises InvalidInputError, before anything is patched, for a negative
+    budget, chunks that do not fit the model, or another pack's patches on the H3 blocks."""
+
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(

@@ -280,6 +280,13 @@ def make_guard_wrapper(guard, cost_model=None, stopper=None):
 
 
 class MemoryGuardNode(io.ComfyNode):
+    """MODEL -> MODEL (a clone with a diffusion-model wrapper; the input is unchanged).
+
+    Inputs: `action` ("from config" = memory_safety.action_on_exceed, "stop_and_clear" or "reduce_batch"),
+    `budget_gb` (GiB; 0 = memory_safety.max_gpu_memory_mb, else the device's total). Each forward is priced
+    (with the DiT Memory node's own capacity check when that node is installed) before it runs. Raises
+    InvalidInputError for an action a DiT forward cannot take (fallback_to_cpu)."""
+
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(

@@ -637,5 +637,5 @@ def exactness_text(relies_on: tuple[str, ...] | list[str], found: CacheLookup | 
 
 
 __all__ = ["H3_WIDTHS", "CacheLookup", "KernelReport", "KernelWidths", "PropertyResult", "VariantResult",
-           "exactness_text", "lookup", "lookup_for_model", "verified_for_model", "verified_properties",
+           "exactness_text", "lookup", "lookup_for_model", "verified_properties",
            "verify_kernels"]
