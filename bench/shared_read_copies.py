@@ -82,6 +82,18 @@ def run(mode: str, consumers: int, args: argparse.Namespace, comfy_dir: str) -> 
     return {"mode": mode, "consumers": consumers, **json.loads(out.stdout.strip().splitlines()[-1])}
 
 
+def markdown(rows: list[dict], arguments: dict) -> str:
+    """The results as a Markdown table (MiB), headed by the conditioning's shape."""
+    lines = [f"Conditioning `[1, {arguments['tokens']}, {arguments['width']}]` + pooled `[1, {arguments['width']}]`, "
+             f"{arguments['dtype']}.", "",
+             "| consumers | mode | bytes held (store + consumers) | consumers' own bytes | RSS growth on reads |",
+             "|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['consumers']} | {row['mode']} | {row['held_bytes'] / 2**20:.2f} MiB | "
+                     f"{row['consumer_own_bytes'] / 2**20:.2f} MiB | {row['rss_growth_bytes'] / 2**20:.2f} MiB |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--consumers", type=int, nargs="+", default=[1, 2, 4])
@@ -94,12 +106,7 @@ def main() -> int:
     if not Path(comfy_dir, "comfy_api").is_dir():
         raise SystemExit(f"COMFYUI_DIR {comfy_dir!r} is not a ComfyUI checkout (run scripts/setup_comfyui.sh)")
     rows = [run(mode, n, args, comfy_dir) for n in args.consumers for mode in ("clones", "views")]
-    print(f"conditioning [1, {args.tokens}, {args.width}] + pooled [1, {args.width}], {args.dtype}")
-    print("| consumers | mode | bytes held (store + consumers) | consumers' own bytes | RSS growth on reads |")
-    print("|---|---|---|---|---|")
-    for row in rows:
-        print(f"| {row['consumers']} | {row['mode']} | {row['held_bytes'] / 2**20:.2f} MiB | "
-              f"{row['consumer_own_bytes'] / 2**20:.2f} MiB | {row['rss_growth_bytes'] / 2**20:.2f} MiB |")
+    print(markdown(rows, vars(args)))
     path = write_results(args.out, "shared_read_copies",
                          {"consumers": args.consumers, "tokens": args.tokens, "width": args.width,
                           "dtype": args.dtype}, {"rows": rows})

@@ -103,6 +103,10 @@ def _comfy_decode_memory_ratio(data: dict) -> str:
             "own process with the high-water mark reset before the decode)\n")
 
 
+def _shared_read_copies(data: dict) -> str:
+    return _bench_module("shared_read_copies").markdown(data["rows"], data["arguments"]) + "\n\n" + _provenance(data)
+
+
 RENDERERS: dict[str, Renderer] = {
     "planner_external": Renderer("planner_external.json", ("h3director/plan", "bench/planner_external.py"),
                                  _planner_external),
@@ -112,6 +116,9 @@ RENDERERS: dict[str, Renderer] = {
                                 _avsync_accuracy),
     "comfy_decode_memory": Renderer("comfy_decode_memory.json", COMFY_DECODE_SOURCES, _comfy_decode_memory),
     "comfy_decode_memory_ratio": Renderer("comfy_decode_memory.json", COMFY_DECODE_SOURCES, _comfy_decode_memory_ratio),
+    "shared_read_copies": Renderer("shared_read_copies.json", ("h3director/core/shared_store.py",
+                                                               "h3director/comfy/nodes_shared.py",
+                                                               "bench/shared_read_copies.py"), _shared_read_copies),
 }
 
 
