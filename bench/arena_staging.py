@@ -66,6 +66,16 @@ print(json.dumps({"seconds": seconds, "rss_growth_bytes": process_rss_bytes() - 
 """
 
 
+def markdown(rows: list[dict], arguments: dict) -> str:
+    """One line per mode: median milliseconds per clip and resident growth (MiB)."""
+    lines = [f"  Clip of {arguments['frames']} frames at {arguments['size']}, {arguments['clips']} clips per process, "
+             f"{arguments['repeats']} processes per mode:", ""]
+    for row in rows:
+        lines.append(f"  - {row['mode']}: median {row['median_s_per_clip'] * 1000:.0f} ms per clip; resident set "
+                     f"after the last clip {row['rss_growth_bytes'] / 2**20:+.1f} MiB")
+    return "\n".join(lines)
+
+
 def run(mode: str, args: argparse.Namespace, width: int, height: int) -> dict:
     out = subprocess.run([sys.executable, "-c", CHILD, mode, str(args.clips), str(args.frames), str(width),
                           str(height)], capture_output=True, text=True, cwd=str(REPO))
