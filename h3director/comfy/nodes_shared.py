@@ -187,7 +187,9 @@ class SharedWrite(io.ComfyNode):
             display_name="H3Director Shared Write",
             category="H3 Director/shared memory",
             description="Stores conditioning under a key for Shared Read nodes (this or later prompts). "
-                        "Writing different content to a used key is an error unless `replace` is on.",
+                        "Writing different content to a used key is an error unless `replace` is on. Its output "
+                        "and every Shared Read of the key share the stored copy (read-only: a node that writes "
+                        "into it in place is reported).",
             inputs=[io.Conditioning.Input("conditioning"), io.String.Input("key", default="prompt"),
                     io.Boolean.Input("replace", default=False)],
             outputs=[io.Conditioning.Output(display_name="conditioning"), io.String.Output(display_name="key")],
@@ -207,7 +209,8 @@ class SharedRead(io.ComfyNode):
             node_id="H3DirectorSharedRead",
             display_name="H3Director Shared Read",
             category="H3 Director/shared memory",
-            description="Reads conditioning a Shared Write node stored under `key` (from memory or the disk tier).",
+            description="Reads conditioning a Shared Write node stored under `key` (from memory or the disk tier), "
+                        "as read-only views of the stored copy: no copy per reader.",
             inputs=[io.String.Input("key", default="prompt"),
                     io.AnyType.Input("after", optional=True, tooltip="Connect the writer's output to order the read.")],
             outputs=[io.Conditioning.Output(display_name="conditioning")],
