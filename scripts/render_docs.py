@@ -121,11 +121,7 @@ def _generic(key: str) -> Callable[[dict], str]:
         if found is None:
             known = sorted({*(data.get("tables") or {}), *(data.get("figures") or {})})
             raise KeyError(f"no table or figure {key!r} in bench/results/{data['bench']}.json (has: {', '.join(known)})")
-        lines = ["| " + " | ".join(found["columns"]) + " |", "|" + "---|" * len(found["columns"])]
-        lines += ["| " + " | ".join(row) + " |" for row in found["rows"]]
-        if found.get("note"):
-            lines += ["", found["note"]]
-        return "\n".join(lines) + "\n\n" + _provenance(data)
+        return _bench_module("_results").markdown(found) + "\n\n" + _provenance(data)
     return render
 
 
