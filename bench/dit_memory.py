@@ -24,7 +24,16 @@ call (the block's input and weights excluded): what a caching allocator would ha
 planner's prediction for the same tier (`h3director.plan.activations.dit_block_peak_bytes`, norms
 priced as they run, flash-style attention; its input residual subtracted to match). "wall" is the fastest
 of `--repeats` calls; ratios to stock are from the same run, back to back. Every tier's output is compared with the
-stock output (`torch.equal`); a mismatch is printed and fails the run. Prints a Markdown table.
+stock output (`torch.equal`; when they differ, the largest absolute difference is recorded).
+
+What the product says about each tier at that shape: before measuring, the bench runs the product's kernel
+verification (`h3director.dit.kernels.verify_kernels`, what `h3director verify-kernels` runs) on this CPU at each
+`--rows`, bf16, the real widths and the bench's thread count, for the kernel properties and the splits (head-group,
+FFN-row-chunk and query-chunk counts) of the measured tiers, into a temporary kernel cache. Each tier is then put
+to the DiT memory handle both adapters use (`h3director.dit.memory.memory_handle(...).decide`) reading that cache:
+"reported" is the exactness sentence of a "fixed" run of the tier (`kernels.exactness_text`), "exact only runs" is
+the tier an "exact only" run of the same settings falls back to (`tiers.keep_verified`). The run fails (exit
+status 1) when a tier the product reports exact is not `torch.equal` to the stock block. Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -34,7 +43,9 @@ import datetime
 import json
 import os
 import platform
+import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,7 +54,10 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from h3director.dit.tiers import STOCK, DiTMemoryPlan  # noqa: E402
+from h3director.dit import kernels  # noqa: E402
+from h3director.dit.kernels import KernelWidths  # noqa: E402
+from h3director.dit.memory import VerificationCache, memory_handle  # noqa: E402
+from h3director.dit.tiers import KERNEL_PROPERTIES, STOCK, DiTMemoryPlan  # noqa: E402
 from h3director.plan.activations import DiTShape, dit_block_peak_bytes  # noqa: E402
 from h3director.plan.live_bytes import LiveBytesTracker  # noqa: E402
 
@@ -56,6 +70,7 @@ TIERS = {
     "h8f16q2": DiTMemoryPlan(head_chunks=8, ffn_chunks=16, query_chunks=2),
 }
 SHAPE = DiTShape()            # the released widths
+WIDTHS = KernelWidths.of(SHAPE)
 TIME_EMBED = 2688
 DTYPE = torch.bfloat16
 
@@ -176,7 +191,10 @@ def ledger_bytes(framework: str, rows: int, plan: DiTMemoryPlan) -> int:
     return dit_block_peak_bytes(SHAPE, rows, "bf16", framework=framework, plan=plan, fused_norms=fused) - input_bytes
 
 
-def measure(runner, rows: int, tiers: list[str], repeats: int = 1) -> list[dict]:
+def measure(runner, rows: int, tiers: list[str], repeats: int = 1,
+            product_reports: dict | None = None) -> list[dict]:
+    """Each tier's peak, ledger, wall time and output against the stock tier's (the first), one dict per tier;
+    `product_reports[(rows, tier)]` (from `product_reports`) is merged into it."""
     runner.prepare(rows)
     results, reference = [], None
     for name in tiers:
@@ -198,14 +216,103 @@ def measure(runner, rows: int, tiers: list[str], repeats: int = 1) -> list[dict]
         if reference is None:
             reference = out
         equal = bool(torch.equal(out, reference))
+        max_diff = None if equal else float((out.float() - reference.float()).abs().max())
         ledger = ledger_bytes(runner.name, rows, plan)
         results.append({"framework": runner.name, "rows": rows, "tier": name, "describe": plan.describe(),
-                        "peak_bytes": tracker.peak_bytes, "ledger_bytes": ledger, "wall_s": wall, "equal": equal})
+                        "peak_bytes": tracker.peak_bytes, "ledger_bytes": ledger, "wall_s": wall, "equal": equal,
+                        "max_abs_diff": max_diff, **(product_reports or {}).get((rows, name), {})})
         print(f"  {runner.name} {rows} {name}: peak {tracker.peak_bytes / 2**20:.1f} MiB, ledger "
-              f"{ledger / 2**20:.1f} MiB, {wall:.1f} s, equal={equal}", flush=True)
+              f"{ledger / 2**20:.1f} MiB, {wall:.1f} s, equal={equal}"
+              + ("" if equal else f" (max |diff| {max_diff:.3g})"), flush=True)
         del out
     runner.set_tier(STOCK)
     return results
+
+
+def verify_for_tiers(rows: int, tiers: list[str], cache_path: Path) -> dict | None:
+    """The product's kernel verification on this CPU at `rows` packed rows, bf16, the real widths, for the kernel
+    properties the `tiers` rely on and only their splits (head-group, FFN-row-chunk, query-chunk counts), filed
+    in the kernel cache `cache_path`. Returns the report as a dict (None when no tier relies on a property)."""
+    plans = [TIERS[name] for name in tiers]
+    properties = tuple(p for p in KERNEL_PROPERTIES if any(p in plan.relies_on for plan in plans))
+    if not properties:
+        return None
+
+    def counts(attribute: str) -> tuple[int, ...]:
+        return tuple(sorted({getattr(plan, attribute) for plan in plans if getattr(plan, attribute) > 1})) or (2,)
+
+    start = time.perf_counter()
+    report = kernels.verify_kernels("cpu", DTYPE, rows, widths=WIDTHS, properties=properties,
+                                    head_groups=counts("head_chunks"), row_chunks=counts("ffn_chunks"),
+                                    query_chunks=counts("query_chunks"), cache=cache_path)
+    seconds = time.perf_counter() - start
+    for name, result in report.results.items():
+        print(f"  verify-kernels {rows} rows: {name}: {'bit-identical' if result.passed else 'DIFFERS'}; "
+              f"{result.detail()}", flush=True)
+    found = report.to_dict()
+    found["seconds"] = round(seconds, 1)
+    found["cache_path"] = "temporary kernel cache of this run"
+    return found
+
+
+def short_report(text: str) -> str:
+    """The table's form of an exactness sentence (`kernels.exactness_text`): its class, with the measured
+    difference and the properties it comes from for an approximate tier."""
+    if text.startswith("exact (by construction"):
+        return "exact (by construction)"
+    if text.startswith("exact (verified"):
+        return "exact (verified)"
+    found = re.match(r"approximate: max difference (\S+) measured at .*?\((.*)\)$", text)
+    if found:
+        failed = re.findall(r"(?:^|; )([a-z_]+): ", found.group(2))
+        return f"approximate: {found.group(1)} ({', '.join(failed)})"
+    return text.split(":")[0]
+
+
+def product_reports(rows: int, tiers: list[str], cache_path: Path) -> dict:
+    """What the product says about each tier at `rows` packed rows, bf16, on this CPU, reading the kernel cache
+    `cache_path` through the DiT memory handle both adapters use: {(rows, tier): {"reported": the exactness
+    sentence of a "fixed" run, "exact_only": the tier an "exact only" run of the same settings runs (its
+    `describe()`), "exact_only_notes": what that run keeps stock}}. The stock tier is the reference."""
+
+    def reader(device, dtype, widths=None, rows=None):
+        return kernels.lookup(device, dtype, path=cache_path, widths=widths, rows=rows)
+
+    reports = {}
+    for name in tiers:
+        plan = TIERS[name]
+        if plan.is_stock:
+            reports[(rows, name)] = {"reported": "stock (the reference)", "exact_only": plan.describe(),
+                                     "exact_only_notes": []}
+            continue
+        said = {}
+        for mode in ("fixed", "exact only"):
+            handle = memory_handle(plan.head_chunks, plan.ffn_chunks, plan.query_chunks, mode=mode,
+                                   heads=SHAPE.heads, blocks=1, widths=WIDTHS)
+            handle.verification = VerificationCache(reader)
+            said[mode] = handle.decide(rows, DTYPE, "cpu")
+        text = said["fixed"][1]["exactness_detail"].replace(str(cache_path), "temporary kernel cache of this run")
+        reports[(rows, name)] = {"reported": text, "exact_only": said["exact only"][0].describe(),
+                                 "exact_only_notes": said["exact only"][1]["kept_stock_unverified"]}
+    return reports
+
+
+def reported_exact(result: dict) -> bool:
+    """Whether the product reports this measured tier exact (the stock tier is the reference: exact)."""
+    return result.get("reported", "").startswith(("exact", "stock"))
+
+
+def exact_only_cell(result: dict, results: list[dict]) -> str:
+    """The "exact only runs" cell: "same" when "exact only" runs the tier itself, else the tier it runs instead
+    and whether that one was `torch.equal` here (when the run measured it)."""
+    runs = result.get("exact_only")
+    if runs is None:
+        return "-"
+    if runs == result["describe"]:
+        return "same"
+    other = next((r for r in results if (r["framework"], r["rows"], r["describe"]) ==
+                  (result["framework"], result["rows"], runs)), None)
+    return runs + ("" if other is None else f" ({'equal' if other['equal'] else 'not equal'})")
 
 
 def table(results: list[dict], wall: bool = True) -> str:
@@ -214,7 +321,7 @@ def table(results: list[dict], wall: bool = True) -> str:
     rule = "|---|---:|---|---:|---:|---:|---:|"
     if wall:
         head, rule = head + " wall s | x stock |", rule + "---:|---:|"
-    lines = [head + " torch.equal |", rule + "---|"]
+    lines = [head + " torch.equal | max abs diff | reported | exact only runs |", rule + "---|---:|---|---|"]
     for r in results:
         stock = next(s for s in results if s["framework"] == r["framework"] and s["rows"] == r["rows"]
                      and s["tier"] == "stock")
@@ -222,7 +329,9 @@ def table(results: list[dict], wall: bool = True) -> str:
         times = f" {r['wall_s']:.1f} | {r['wall_s'] / stock['wall_s']:.2f} |" if wall else ""
         lines.append(f"| {r['framework']} | {r['rows']:,} | {r['describe']} | {r['peak_bytes'] / 2**20:,.1f} | "
                      f"{r['peak_bytes'] / stock['peak_bytes']:.2f} | {r['ledger_bytes'] / 2**20:,.1f} | "
-                     f"{error:+.1%} |{times} {'yes' if r['equal'] else 'NO'} |")
+                     f"{error:+.1%} |{times} {'yes' if r['equal'] else 'NO'} | "
+                     f"{'-' if r.get('max_abs_diff') is None else format(r['max_abs_diff'], '.3g')} | "
+                     f"{short_report(r['reported']) if 'reported' in r else '-'} | {exact_only_cell(r, results)} |")
     return "\n".join(lines)
 
 
@@ -248,18 +357,23 @@ def main(argv=None) -> int:
         for r in results:
             r["ledger_bytes"] = ledger_bytes(r["framework"], r["rows"], TIERS[r["tier"]])
         print(table(results, wall=not args.memory_only))
-        return 0 if all(r["equal"] for r in results) else 1
+        return 0 if all(r["equal"] or not reported_exact(r) for r in results) else 1
     if args.tiers[0] != "stock":
         parser.error("the first tier must be stock (ratios and torch.equal are against it)")
     torch.set_num_threads(args.threads)
     DiffusersRunner.grad_mode = staticmethod(getattr(torch, args.diffusers_grad_mode))
     print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, torch {torch.__version__}, "
           f"{platform.processor() or platform.machine()}, {args.threads} threads", flush=True)
-    results = []
+    results, verification, reports = [], {}, {}
+    with tempfile.TemporaryDirectory(prefix="h3_dit_memory_") as scratch:
+        cache_path = Path(scratch) / "kernels.json"
+        for rows in args.rows:
+            verification[str(rows)] = verify_for_tiers(rows, args.tiers, cache_path)
+            reports.update(product_reports(rows, args.tiers, cache_path))
     for framework in args.framework:
         runner = DiffusersRunner() if framework == "diffusers" else ComfyRunner()
         for rows in args.rows:
-            results += measure(runner, rows, args.tiers, args.repeats)
+            results += measure(runner, rows, args.tiers, args.repeats, reports)
         del runner
     print(table(results))
     if args.json:
@@ -267,20 +381,31 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(REPO / "bench"))
     from _results import write_results
 
-    tables, figures = results_tables(results, args)
+    tables, figures = results_tables(results, args, verification)
     write_results(args.out, "dit_memory", {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                                            if k not in ("json", "out", "table_from", "memory_only")},
-                  {"tables": tables, "figures": figures, "results": results},
+                  {"tables": tables, "figures": figures, "results": results, "verification": verification},
                   sources=("h3director/dit", "h3director/integrations/diffusers_dit.py",
                            "h3director/integrations/comfy_dit.py", "h3director/plan/activations.py",
                            "h3director/plan/live_bytes.py"))
     print(f"results: {args.out}")
-    return 0 if all(r["equal"] for r in results) else 1
+    for r in results:
+        if reported_exact(r) and not r["equal"]:
+            print(f"FAIL: {r['framework']} {r['rows']:,} rows, {r['describe']} is reported exact "
+                  f"({r['reported']}) but differs from the stock block by up to {r['max_abs_diff']:.3g}", flush=True)
+    return 0 if all(r["equal"] or not reported_exact(r) for r in results) else 1
 
 
-def results_tables(results: list[dict], args) -> tuple[dict, dict]:
-    """The results file's tables (every measurement; one framework beside the other at the largest row count)
-    and figures (the ledger's largest error, the tiers' time range against stock)."""
+def _cell(text: str) -> str:
+    """`text` safe in a Markdown table cell (its pipes escaped)."""
+    return text.replace("|", "\\|")
+
+
+def results_tables(results: list[dict], args, verification: dict | None = None) -> tuple[dict, dict]:
+    """The results file's tables (every measurement; one framework beside the other at the largest row count;
+    what the product reports per tier; the kernel verification the reports rest on) and figures (the ledger's
+    largest error, the tiers' time range against stock, whether every tier reported exact is `torch.equal`,
+    which tiers are not)."""
     from _results import table as results_table
 
     lines = table(results).splitlines()
@@ -291,7 +416,11 @@ def results_tables(results: list[dict], args) -> tuple[dict, dict]:
         f"One block at the released width, bf16, CPU, {args.threads} threads; peak = LiveBytesTracker's exact peak of "
         "tensor storage made inside the block call; x stock = the tier's peak (or wall time, fastest of "
         f"{args.repeats}) over the stock block's, same run; ledger error = ledger / peak - 1; grad modes: "
-        + ", ".join(f"{f} {grad[f]}" for f in args.framework) + "."))}
+        + ", ".join(f"{f} {grad[f]}" for f in args.framework) + "; max abs diff = the largest |tier - stock| over the "
+        "block's output (- when torch.equal); reported = what the DiT memory handle reports for the tier at this "
+        "shape from the kernel verification this run made first (bf16, these rows, this CPU and thread count; "
+        "table `verification`); exact only runs = the tier an \"exact only\" run of the same settings falls back "
+        "to (same: the tier itself)."))}
     largest = max(args.rows)
     stock = {r["framework"]: r for r in results if r["rows"] == largest and r["tier"] == "stock"}
     frameworks = [f for f in ("comfy", "diffusers") if f in stock]
@@ -309,9 +438,39 @@ def results_tables(results: list[dict], args) -> tuple[dict, dict]:
     errors = [abs(r["ledger_bytes"] / r["peak_bytes"] - 1) for r in results]
     walls = [r["wall_s"] / next(s["wall_s"] for s in results if (s["framework"], s["rows"], s["tier"]) ==
                                 (r["framework"], r["rows"], "stock")) for r in results if r["tier"] != "stock"]
+    unequal = [r for r in results if not r["equal"]]
+    false_exact = [r for r in unequal if reported_exact(r)]
     figures = {"ledger_max_error": f"{max(errors):.1%}",
                "wall_range": f"{min(walls):.2f}x-{max(walls):.2f}x",
-               "all_equal": "yes" if all(r["equal"] for r in results) else "NO"}
+               "all_equal": "yes" if all(r["equal"] for r in results) else "NO",
+               "reported_exact_all_equal": "yes" if not false_exact else "NO: " + "; ".join(
+                   f"{r['framework']} {r['rows']:,} rows {r['describe']}" for r in false_exact),
+               "unequal_tiers": "none" if not unequal else "; ".join(
+                   f"{names[r['framework']].split(' (')[0]} \"{r['describe']}\" at {r['rows']:,} rows (differs by up to "
+                   f"{r['max_abs_diff']:.3g}; reported {short_report(r.get('reported', 'not reported'))})"
+                   for r in unequal)}
+    if "reported" in results[0]:
+        reports = []
+        for rows in args.rows:
+            for tier in args.tiers:
+                r = next(r for r in results if (r["rows"], r["tier"]) == (rows, tier))
+                notes = "; ".join(r.get("exact_only_notes") or []) or "-"
+                reports.append([f"{rows:,}", r["describe"], _cell(r["reported"]), r["exact_only"], _cell(notes)])
+        tables["reports"] = results_table(
+            ["rows", "tier", "reported (a fixed run's exactness sentence)", "exact only runs", "exact only keeps stock"],
+            reports, note="From the DiT memory handle (`h3director.dit.memory`), the same for both frameworks, reading "
+                          "the kernel cache this run's verification wrote.")
+    checked = []
+    for rows, found in (verification or {}).items():
+        for name, result in (found or {}).get("results", {}).items():
+            checked.append([f"{int(rows):,}", name, "bit-identical" if result["passed"] else "differs",
+                            _cell(result["detail"])])
+    if checked:
+        tables["verification"] = results_table(
+            ["rows", "kernel property", "result", "what was compared"], checked,
+            note=f"`h3director.dit.kernels.verify_kernels` on this CPU, bf16, {args.threads} threads, the released "
+                 "widths, the splits of the measured tiers only, run by the bench before it measured (a temporary "
+                 "kernel cache); `torch.equal` of the whole op against one call per split.")
     return tables, figures
 
 
