@@ -91,6 +91,28 @@ def test_exact_only_skips_tiers_not_verified():
     assert decision.plan.head_chunks > 1 and decision.verified_exact
 
 
+def test_exact_only_escalates_only_through_split_counts_that_were_verified():
+    """Head groups verified at 4 groups only and FFN row chunks at 8 (`Verified` counts, as `kernels.lookup` gives
+    them): the tier with 7 groups and 14 FFN chunks is not exact, so "exact only" refuses where a bare set of names
+    would run it, and "auto" runs it reported unverified."""
+    from h3director.dit.tiers import Verified
+
+    names = {FFN_ROW_CHUNKS, QKV_COLUMN_GROUPS, ATTENTION_HEAD_GROUPS}
+    seven = DiTMemoryPlan(head_chunks=7, ffn_chunks=14)
+    have = need(seven) + 1
+    assert need(DiTMemoryPlan(head_chunks=4, ffn_chunks=8)) > have
+    capacity = check(free=have)
+    assert capacity.choose(ROWS, "bf16", LIFETIME_ONLY, "exact only", names).plan == seven
+    four = Verified(names, {QKV_COLUMN_GROUPS: [4], ATTENTION_HEAD_GROUPS: [4], FFN_ROW_CHUNKS: [8]})
+    with pytest.raises(BudgetError) as refused:
+        capacity.choose(ROWS, "bf16", LIFETIME_ONLY, "exact only", four)
+    assert "not verified at its split counts" in str(refused.value)
+    decision = capacity.choose(ROWS, "bf16", LIFETIME_ONLY, "auto", four)
+    assert decision.plan == seven and not decision.verified_exact
+    assert check(free=64 * GiB).choose(ROWS, "bf16", DiTMemoryPlan(head_chunks=4, ffn_chunks=8), "exact only",
+                                       four).verified_exact
+
+
 def test_fixed_mode_checks_only_the_given_tier():
     plan = DiTMemoryPlan(ffn_chunks=2)
     roomy = check(free=need(plan) + 1)

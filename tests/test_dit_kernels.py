@@ -344,3 +344,45 @@ def test_a_model_dtype_verify_kernels_cannot_check_has_nothing_verified():
     handle = memory_handle(ffn_chunks=2, mode="exact only", heads=4, blocks=2)
     plan, report = handle.decide(1024, torch.float8_e4m3fn, "cpu")
     assert plan.ffn_chunks == 1 and report["verified"] and report["kept_stock_unverified"]
+
+
+def _small_chunks_noise(x, weight):
+    """A GEMM that is bit-identical for calls of at least 100 rows and differs below (as this CPU's bf16 GEMM
+    does for small row chunks at H3's widths)."""
+    out = F.linear(x, weight)
+    return out if x.shape[0] >= 100 else out + 1e-2
+
+
+def test_a_verification_holds_only_for_the_split_counts_it_passed(cache_file):
+    """8 FFN row chunks of 300 rows (38 rows each) differ, 2 and 3 pass: a tier at 2 chunks is exact, at 8
+    approximate, at a count never checked unverified; "exact only" keeps an FFN split it did not pass stock."""
+    from h3director.dit.tiers import DiTMemoryPlan, is_verified, keep_verified
+
+    report = verify_kernels("cpu", "fp32", ROWS, widths=SMALL, properties=(FFN_ROW_CHUNKS,), row_chunks=(2, 3, 8),
+                            linear=_small_chunks_noise, cache=True)
+    assert report.results[FFN_ROW_CHUNKS].counts() == {"passed": [2, 3], "failed": [8]}
+    found = lookup("cpu", "fp32", widths=SMALL, rows=ROWS)
+    assert FFN_ROW_CHUNKS in found.verified and found.verified.counts[FFN_ROW_CHUNKS] == {2, 3}
+    two, eight, five = (DiTMemoryPlan(ffn_chunks=n) for n in (2, 8, 5))
+    assert kernels.exactness_text(two.relies_on, found, two.splits).startswith("exact (verified: ffn_row_chunks")
+    assert kernels.exactness_text(eight.relies_on, found, eight.splits).startswith("approximate: max difference 0.01")
+    assert kernels.exactness_text(five.relies_on, found, five.splits).startswith(
+        "unverified: ffn_row_chunks at 5 splits not checked")
+    assert is_verified(two, found.verified) and not is_verified(eight, found.verified)
+    assert keep_verified(eight, found.verified)[0] == DiTMemoryPlan()
+    assert keep_verified(two, found.verified) == (two, [])
+
+
+def test_a_cache_entry_without_split_counts_holds_for_the_counts_checked_then():
+    entry = {"verified": [FFN_ROW_CHUNKS, QKV_COLUMN_GROUPS], "failed": [], "results": {}}
+    verified = kernels.entry_verified(entry, heads=4)
+    assert verified.counts[FFN_ROW_CHUNKS] == set(kernels.LEGACY_ROW_CHUNKS)
+    assert verified.counts[QKV_COLUMN_GROUPS] == {2, 4}
+
+
+def test_the_default_verification_checks_every_count_of_the_escalation_ladder():
+    ffn, query = kernels.ladder_counts(56)
+    assert {4, 14, 28, 56, 112} <= set(ffn) and {4, 16, 64} <= set(query)
+    report = verify_kernels("cpu", "fp32", ROWS, widths=SMALL, properties=(FFN_ROW_CHUNKS,))
+    ladder_ffn, _ = kernels.ladder_counts(SMALL.heads)
+    assert set(ladder_ffn) <= set(report.results[FFN_ROW_CHUNKS].counts()["passed"])

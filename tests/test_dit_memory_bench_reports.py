@@ -36,32 +36,35 @@ def verified(bench, tmp_path_factory):
     return found, cache, bench.product_reports(ROWS, TIERS, cache)
 
 
-def test_verification_covers_the_tiers_properties_and_splits(verified):
+def test_verification_covers_the_tiers_properties_at_the_default_counts(verified):
     found, cache, _ = verified
     assert found["rows"] == ROWS and cache.is_file()
     assert set(found["results"]) == {"qkv_column_groups", "attention_head_groups", "ffn_row_chunks"}
-    labels = [v["label"] for v in found["results"]["qkv_column_groups"]["variants"]]
-    assert labels == ["4 head groups", "4 head groups x 3 row chunks"]      # only the tiers' head-group count
-    ffn = [v["label"] for v in found["results"]["ffn_row_chunks"]["variants"]]
-    assert "fc1 8 row chunks" in ffn and not any(" 2 row chunks" in label for label in ffn)
+    counts = found["results"]["qkv_column_groups"]["counts"]
+    assert sorted(counts["passed"] + counts["failed"]) == [2, 4, 7, 8, 14, 28, 56]   # every divisor of 56 heads
+    ffn = found["results"]["ffn_row_chunks"]["counts"]
+    assert {2, 3, 4, 8, 14, 16, 28} == set(ffn["passed"] + ffn["failed"])            # the counts that fit 48 rows
 
 
 def test_each_tier_is_reported_as_the_verification_found_it(bench, verified):
     found, _, reports = verified
-    passed = {name for name, result in found["results"].items() if result["passed"]}
     assert reports[(ROWS, "stock")]["reported"] == "stock (the reference)"
     assert reports[(ROWS, "lifetime")]["reported"].startswith("exact (by construction")
     for tier in ("ffn8", "h4f8"):
         plan = bench.TIERS[tier]
         said = reports[(ROWS, tier)]
+        passed = {name for name, result in found["results"].items()
+                  if plan.splits.get(name) in result["counts"]["passed"]}
         if set(plan.relies_on) <= passed:
             assert said["reported"].startswith("exact (verified: ") and "temporary kernel cache" in said["reported"]
             assert bench.short_report(said["reported"]) == "exact (verified)"
         else:
             assert said["reported"].startswith("approximate: max difference ")
-            failed = sorted(set(plan.relies_on) - passed)
+            failed = sorted(name for name in plan.relies_on
+                            if plan.splits[name] in found["results"][name]["counts"]["failed"])
             assert bench.short_report(said["reported"]).endswith(f"({', '.join(failed)})")
         assert said["exact_only"] == keep_verified(plan, passed)[0].describe()
+    assert "ffn56" in bench.TIERS and bench.TIERS["ffn56"].ffn_chunks == 56
 
 
 def test_the_run_fails_only_on_a_tier_reported_exact_that_differs(bench):

@@ -32,7 +32,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from h3director.dit.tiers import STOCK, DiTMemoryPlan, escalation_from, escalation_ladder
+from h3director.dit.tiers import (
+    STOCK,
+    DiTMemoryPlan,
+    Verified,
+    escalation_from,
+    escalation_ladder,
+    is_verified,
+    verified_parts,
+)
 from h3director.errors import BudgetError, InvalidInputError
 from h3director.plan.activations import DiTCostModel, DiTShape
 from h3director.units import format_size
@@ -200,16 +208,16 @@ class CapacityCheck:
         """The first tier from `floor` up that fits (see the module docstring); `BudgetError` if none does."""
         if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
             raise InvalidInputError(f"rows must be an integer >= 1, got {rows!r}")
-        verified = set(verified)
+        verified = verified if isinstance(verified, Verified) else set(verified)
         self._dtype = dtype
         tiers = self.candidates(floor, rows, mode)
-        allowed = [p for p in tiers if mode != "exact only" or set(p.relies_on) <= verified]
+        allowed = [p for p in tiers if mode != "exact only" or is_verified(p, verified)]
         have = self.have_bytes()
         needs: dict[DiTMemoryPlan, int] = {}
         for plan in allowed:
             needs[plan] = self.need_bytes(plan, rows, dtype)
             if needs[plan] <= have:
-                decision = CapacityDecision(plan, needs[plan], have, set(plan.relies_on) <= verified, plan != floor)
+                decision = CapacityDecision(plan, needs[plan], have, is_verified(plan, verified), plan != floor)
                 self.last_decision = decision
                 return decision
         raise self._refusal(rows, dtype, floor, mode, verified, have, needs)
@@ -229,8 +237,9 @@ class CapacityCheck:
                    + f"; the smallest tier ({smallest.describe()}) needs {format_size(every[smallest])}")
         if fitting is not None:
             hint = f"; {_setting(fitting)} would fit ({format_size(every[fitting])})"
-            if mode == "exact only" and not set(fitting.relies_on) <= verified:
-                hint += (f" but relies on {', '.join(sorted(set(fitting.relies_on) - verified))}, not verified on "
+            if mode == "exact only" and not is_verified(fitting, verified):
+                hint += (f" but relies on {', '.join(sorted(set(fitting.relies_on) - verified_parts(fitting, verified)))}"
+                         ", not verified at its split counts on "
                          "this device: run `h3director verify-kernels`, or use mode auto")
             elif mode == "fixed":
                 hint += ", or use mode auto"

@@ -50,6 +50,8 @@ from h3director.dit.tiers import (
     KERNEL_PROPERTIES,
     QKV_COLUMN_GROUPS,
     QUERY_ALIGN,
+    Verified,
+    escalation_ladder,
 )
 from h3director.errors import InvalidInputError
 
@@ -60,7 +62,20 @@ DEFAULT_ROWS = {"cpu": 1024, "cuda": 8192, "mps": 4096}
 """Rows checked when the caller gives none: modest on a CPU, closer to a real sequence on a GPU."""
 DEFAULT_ROW_CHUNKS = (2, 3, 8, 16)
 DEFAULT_QUERY_CHUNKS = (2, 3, 8)
+"""Counts checked besides the escalation ladder's own (`ladder_counts`): a verification holds only for the split
+counts it checked (GEMM kernels are chosen by shape: 8 FFN row chunks bit-identical says nothing of 112)."""
+LEGACY_ROW_CHUNKS = (2, 3, 8, 16)
+LEGACY_QUERY_CHUNKS = (2, 3, 8)
+"""What a cache entry written before entries recorded their split counts was checked at (the defaults then;
+head groups: every divisor of the heads)."""
 MAX_ROWS = 1 << 20
+
+
+def ladder_counts(heads: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The FFN row-chunk and query-chunk counts (above 1) of `tiers.escalation_ladder(heads)`."""
+    ladder = escalation_ladder(heads)
+    return (tuple(sorted({p.ffn_chunks for p in ladder if p.ffn_chunks > 1})),
+            tuple(sorted({p.query_chunks for p in ladder if p.query_chunks > 1})))
 
 
 @dataclass(frozen=True)
@@ -98,12 +113,14 @@ Attention = Callable[[Any, Any, Any], Any]
 
 @dataclass
 class VariantResult:
-    """One A/B comparison: `label` names the split; `max_abs_diff` is None when the outputs are equal."""
+    """One A/B comparison: `label` names the split; `max_abs_diff` is None when the outputs are equal;
+    `count` is the split count a tier would use for it (head groups, query chunks or FFN row chunks)."""
 
     label: str
     equal: bool
     max_abs_diff: float | None
     calls: int
+    count: int | None = None
 
 
 @dataclass
@@ -116,6 +133,12 @@ class PropertyResult:
     variants: list[VariantResult]
     shapes: dict[str, list[int]]
     seconds: float
+
+    def counts(self) -> dict[str, list[int]]:
+        """{"passed": split counts whose every variant was bit-identical, "failed": the others}."""
+        failed = sorted({v.count for v in self.variants if v.count is not None and not v.equal})
+        passed = sorted({v.count for v in self.variants if v.count is not None} - set(failed))
+        return {"passed": passed, "failed": failed}
 
     @property
     def max_abs_diff(self) -> float | None:
@@ -134,7 +157,8 @@ class PropertyResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "passed": self.passed, "max_abs_diff": self.max_abs_diff,
-                "detail": self.detail(), "shapes": self.shapes, "seconds": round(self.seconds, 4),
+                "detail": self.detail(), "counts": self.counts(), "shapes": self.shapes,
+                "seconds": round(self.seconds, 4),
                 "variants": [asdict(v) for v in self.variants]}
 
 
@@ -174,7 +198,8 @@ class KernelReport:
     def cache_entry(self) -> dict[str, Any]:
         return {"key": self.key, "widths": asdict(self.widths), "rows": self.rows, "date": self.date,
                 "verified": sorted(self.verified), "failed": sorted(self.failed),
-                "results": {name: {"passed": r.passed, "max_abs_diff": r.max_abs_diff, "detail": r.detail()}
+                "results": {name: {"passed": r.passed, "max_abs_diff": r.max_abs_diff, "detail": r.detail(),
+                                   "counts": r.counts()}
                             for name, r in self.results.items()}}
 
 
@@ -249,14 +274,14 @@ def _timer(device: str, seconds: list[float]) -> Iterator[None]:
     seconds.append(time.perf_counter() - start)
 
 
-def _compare(label: str, reference, chunked, calls: int) -> VariantResult:
+def _compare(label: str, reference, chunked, calls: int, count: int | None = None) -> VariantResult:
     import torch
 
     if torch.equal(reference, chunked):
-        return VariantResult(label, True, None, calls)
+        return VariantResult(label, True, None, calls, count)
     diff = (reference.float() - chunked.float()).abs()
     worst = float(diff.nan_to_num(nan=float("inf")).max())
-    return VariantResult(label, False, worst, calls)
+    return VariantResult(label, False, worst, calls, count)
 
 
 class _Inputs:
@@ -313,7 +338,7 @@ def _check_swiglu_rows(fc1_out, rows: int, row_chunks: tuple[int, ...]) -> list[
         ranges = row_ranges(rows, chunks)
         for a, b in ranges:
             out[a:b] = swiglu_rows(_swiglu, fc1_out[a:b], a, b, rows)
-        variants.append(_compare(f"swiglu {len(ranges)} row chunks", reference, out, len(ranges)))
+        variants.append(_compare(f"swiglu {len(ranges)} row chunks", reference, out, len(ranges), chunks))
     return variants
 
 
@@ -333,7 +358,7 @@ def check_ffn_row_chunks(inputs: _Inputs, rows: int, widths: KernelWidths, row_c
         out = torch.empty_like(reference)
         for chunks in _distinct_splits(rows, row_chunks, 1):
             calls = _row_chunked(linear, x, weight, chunks, out)
-            variants.append(_compare(f"{name} {calls} row chunks", reference, out, calls))
+            variants.append(_compare(f"{name} {calls} row chunks", reference, out, calls, chunks))
         del x, weight, out
         if name == "fc1":  # the SwiGLU over fc1's real output, as the adapters chunk it
             variants += _check_swiglu_rows(reference, rows, row_chunks)
@@ -353,7 +378,7 @@ def check_ffn_row_chunks(inputs: _Inputs, rows: int, widths: KernelWidths, row_c
                 for a, b in ranges:
                     out[a:b] = torch.nn.functional.rms_norm(x[a:b], (widths.hidden,), scale, 1e-5)
                 variants.append(_compare(f"rms_norm ({mode_name}) {len(ranges)} row chunks", reference, out,
-                                         len(ranges)))
+                                         len(ranges), chunks))
     return variants, shapes
 
 
@@ -379,7 +404,8 @@ def check_qkv_column_groups(inputs: _Inputs, rows: int, widths: KernelWidths, he
                 c0, c1 = part * inner + h0 * d, part * inner + h1 * d
                 calls += _row_chunked(linear, x, weight[c0:c1], row_chunks, out[:, c0:c1])
         label = f"{groups} head groups" + (f" x {row_chunks} row chunks" if row_chunks > 1 else "")
-        variants.append(_compare(label, reference, out, calls))
+        # the row-split variant is no tier's split (tiers project every row at once): it names no count
+        variants.append(_compare(label, reference, out, calls, groups if row_chunks == 1 else None))
     return variants, {"x": [rows, widths.hidden], "weight": [3 * inner, widths.hidden]}
 
 
@@ -405,7 +431,7 @@ def check_attention_head_groups(inputs: _Inputs, rows: int, widths: KernelWidths
         ranges = head_ranges(widths.heads, groups)
         for h0, h1 in ranges:
             out[:, h0:h1] = attention(_as_batch(q[:, h0:h1]), _as_batch(k[:, h0:h1]), _as_batch(v[:, h0:h1]))
-        variants.append(_compare(f"{groups} head groups", reference, out, len(ranges)))
+        variants.append(_compare(f"{groups} head groups", reference, out, len(ranges), groups))
     return variants, {"q, k, v": [1, widths.heads, rows, widths.head_dim]}
 
 
@@ -428,23 +454,25 @@ def check_attention_query_chunks(inputs: _Inputs, rows: int, widths: KernelWidth
                     out[:, h0:h1, a:b] = attention(_as_batch(q[a:b, h0:h1]), kb, vb)
                     calls += 1
             where = "all heads" if groups == 1 else "1-head groups"
-            variants.append(_compare(f"{len(ranges)} query chunks, {where}", reference, out, calls))
+            variants.append(_compare(f"{len(ranges)} query chunks, {where}", reference, out, calls, chunks))
     return variants, {"q, k, v": [1, widths.heads, rows, widths.head_dim]}
 
 
 def verify_kernels(device: Any = None, dtype: Any = "bf16", rows: int | None = None, *,
                    widths: KernelWidths | None = None, seed: int = 0,
                    properties: tuple[str, ...] = KERNEL_PROPERTIES,
-                   row_chunks: tuple[int, ...] = DEFAULT_ROW_CHUNKS,
+                   row_chunks: tuple[int, ...] | None = None,
                    head_groups: tuple[int, ...] | None = None,
-                   query_chunks: tuple[int, ...] = DEFAULT_QUERY_CHUNKS,
+                   query_chunks: tuple[int, ...] | None = None,
                    linear: Linear | None = None, attention: Attention | None = None,
                    cache: bool | str | Any = False) -> KernelReport:
     """Check each kernel property on ``device`` at ``dtype`` with ``rows`` packed rows (default
     `DEFAULT_ROWS` for the device kind) at ``widths`` (default `H3_WIDTHS`) and return the report.
 
     ``head_groups`` defaults to every head-group count a tier can use (the divisors of ``widths.heads``
-    above 1). ``linear(x, weight)`` and ``attention(q, k, v)`` default to ``torch.nn.functional.linear``
+    above 1), ``row_chunks`` and ``query_chunks`` to `DEFAULT_ROW_CHUNKS` / `DEFAULT_QUERY_CHUNKS` and every
+    count of the escalation ladder (`ladder_counts`); the cache entry records which counts passed, and a tier
+    counts as verified only at those. ``linear(x, weight)`` and ``attention(q, k, v)`` default to ``torch.nn.functional.linear``
     and ``scaled_dot_product_attention``; tests pass others. ``cache``: False writes nothing, True
     files the result in the default cache (`kernel_cache.default_cache_path`), a path files it there.
     All arguments are checked before any tensor is made."""
@@ -465,6 +493,11 @@ def verify_kernels(device: Any = None, dtype: Any = "bf16", rows: int | None = N
         raise InvalidInputError(f"unknown kernel properties {unknown}: expected a subset of {list(KERNEL_PROPERTIES)}")
     if head_groups is None:
         head_groups = tuple(g for g in divisors(widths.heads) if g > 1)
+    ladder_ffn, ladder_query = ladder_counts(widths.heads)
+    if row_chunks is None:
+        row_chunks = tuple(sorted({*DEFAULT_ROW_CHUNKS, *ladder_ffn}))
+    if query_chunks is None:
+        query_chunks = tuple(sorted({*DEFAULT_QUERY_CHUNKS, *ladder_query}))
     for groups in head_groups:
         head_ranges(widths.heads, groups)  # refuses a count that does not divide the heads
     for name, counts in (("row_chunks", row_chunks), ("query_chunks", query_chunks)):
@@ -511,9 +544,10 @@ def verify_kernels(device: Any = None, dtype: Any = "bf16", rows: int | None = N
 
 @dataclass(frozen=True)
 class CacheLookup:
-    """What the cache says for one device, dtype and row class in this process. `problem`: an unreadable
-    cache file (nothing trusted); `entry`: the matching record, None when there is none; `rows`: the packed
-    rows asked about (None: any row class)."""
+    """What the cache says for one device, dtype and row class in this process. `verified`: the properties
+    verified, with the split counts each passed at (`tiers.Verified`); `problem`: an unreadable cache file
+    (nothing trusted); `entry`: the matching record, None when there is none; `rows`: the packed rows asked
+    about (None: any row class)."""
 
     verified: frozenset[str]
     key: dict[str, str | None]
@@ -553,6 +587,28 @@ def _unused_entries_note(entries: list[dict[str, Any]], key: dict, widths: dict,
             f"(this process: {', '.join(f'{f} {key.get(f)}' for f in differing if f in key)})")
 
 
+def entry_verified(entry: dict[str, Any] | None, heads: int) -> Verified:
+    """The properties a cache entry verified, each with the split counts it passed at (`tiers.Verified`). An entry
+    written before entries recorded their counts passed at the defaults of then (`LEGACY_ROW_CHUNKS`,
+    `LEGACY_QUERY_CHUNKS`, every divisor of `heads`)."""
+    if entry is None:
+        return Verified()
+    results = entry.get("results") or {}
+    names, counts = set(), {}
+    for name in KERNEL_PROPERTIES:
+        recorded = (results.get(name) or {}).get("counts")
+        if isinstance(recorded, dict):
+            passed = [c for c in recorded.get("passed") or () if isinstance(c, int) and not isinstance(c, bool)]
+            if passed:
+                names.add(name)
+                counts[name] = passed
+        elif name in entry["verified"]:
+            names.add(name)
+            counts[name] = {FFN_ROW_CHUNKS: LEGACY_ROW_CHUNKS, ATTENTION_QUERY_CHUNKS: LEGACY_QUERY_CHUNKS}.get(
+                name, tuple(g for g in divisors(heads) if g > 1))
+    return Verified(names, counts)
+
+
 def lookup(device: Any, dtype: Any, path: Any = None, widths: KernelWidths | None = None,
            rows: int | None = None) -> CacheLookup:
     """The cached verification for ``device`` and ``dtype`` under this process's torch/CUDA/cuBLAS
@@ -571,7 +627,7 @@ def lookup(device: Any, dtype: Any, path: Any = None, widths: KernelWidths | Non
         note = _unused_entries_note(read.entries, key, asdict(widths), rows)
         if note:
             _say_once(note)
-    verified = frozenset(entry["verified"]) if entry else frozenset()
+    verified = entry_verified(entry, widths.heads)
     return CacheLookup(verified, key, str(read.path), entry, read.problem, rows)
 
 
@@ -596,7 +652,8 @@ def lookup_for_model(device: Any, dtype: Any, widths: KernelWidths | None = None
         return None
 
 
-def exactness_text(relies_on: tuple[str, ...] | list[str], found: CacheLookup | None) -> str:
+def exactness_text(relies_on: tuple[str, ...] | list[str], found: CacheLookup | None,
+                   splits: dict[str, int] | None = None) -> str:
     """The sentence a run report carries about a tier relying on ``relies_on`` (kernel properties):
 
     - "exact (by construction: only lifetimes change)" when it relies on none;
@@ -604,7 +661,12 @@ def exactness_text(relies_on: tuple[str, ...] | list[str], found: CacheLookup | 
       <cache file>)" when the matching cache entry verified them all;
     - "approximate: max difference <x> measured at <rows> rows, <widths> (<property>: <detail>)" when the
       entry measured a difference;
-    - "unverified: ..." (no entry for this device, versions and row class) otherwise."""
+    - "unverified: ..." (no entry for this device, versions and row class, or one that did not check the
+      tier's split count) otherwise.
+
+    ``splits`` (`DiTMemoryPlan.splits`: the tier's count per property) makes a property count as verified only
+    at a count the entry passed (`entry_verified`), and as approximate only at one it measured differing;
+    without it, any count (for display)."""
     needs = sorted(set(relies_on))
     if not needs:
         return "exact (by construction: only lifetimes change)"
@@ -622,20 +684,36 @@ def exactness_text(relies_on: tuple[str, ...] | list[str], found: CacheLookup | 
     widths = entry["widths"]
     shape = (f"{rows:,} rows, hidden {widths.get('hidden')}, {widths.get('heads')}x{widths.get('head_dim')} heads, "
              f"FFN {widths.get('ffn')}")
-    failed = [name for name in needs if name in entry["failed"]]
+    results = entry.get("results", {})
+    if splits is None:
+        failed = [name for name in needs if name in entry["failed"]]
+        missing = [name for name in needs if name not in entry["verified"]]
+    else:
+        verified = found.verified if found is not None else Verified()
+        covered = {name for name in needs if name in verified
+                   and (name not in verified.counts or splits.get(name) in verified.counts[name])}
+
+        def measured_failing(name: str) -> bool:
+            recorded = (results.get(name) or {}).get("counts")
+            if isinstance(recorded, dict):
+                return splits.get(name) in (recorded.get("failed") or ())
+            return name in entry["failed"]
+
+        failed = [name for name in needs if name not in covered and measured_failing(name)]
+        missing = [name for name in needs if name not in covered and name not in failed]
     if failed:
-        results = entry.get("results", {})
         worst = max((results.get(n, {}).get("max_abs_diff") or 0.0) for n in failed)
         detail = "; ".join(f"{n}: {results.get(n, {}).get('detail', 'differs')}" for n in failed)
         return f"approximate: max difference {worst:.3g} measured at {shape}, {key.get('dtype')} ({detail})"
-    missing = [name for name in needs if name not in entry["verified"]]
     if missing:
-        return f"unverified: {', '.join(missing)} not checked at {shape}; run `h3director verify-kernels`"
+        at = "" if splits is None else " at " + ", ".join(f"{splits[n]} splits" for n in missing)
+        return (f"unverified: {', '.join(missing)}{at} not checked at {shape}; run `h3director verify-kernels` "
+                "(it checks the escalation ladder's counts)")
     threads = f", {key['threads']} threads" if key.get("threads") else ""
     return (f"exact (verified: {', '.join(needs)} at {shape} (row class {lo:,}-{hi:,}), {key.get('device_name')}, "
             f"torch {key.get('torch')}{threads}, {key.get('dtype')}, {found.path})")
 
 
 __all__ = ["H3_WIDTHS", "CacheLookup", "KernelReport", "KernelWidths", "PropertyResult", "VariantResult",
-           "exactness_text", "lookup", "lookup_for_model", "verified_properties",
+           "entry_verified", "exactness_text", "ladder_counts", "lookup", "lookup_for_model", "verified_properties",
            "verify_kernels"]

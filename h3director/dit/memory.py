@@ -19,7 +19,15 @@ from typing import Any
 from h3director.dit import kernel_cache, kernels
 from h3director.dit.capacity import check_mode
 from h3director.dit.kernels import CacheLookup, KernelWidths
-from h3director.dit.tiers import DiTMemoryPlan, at_least_as_chunked, escalation_from, keep_verified
+from h3director.dit.tiers import (
+    DiTMemoryPlan,
+    Verified,
+    at_least_as_chunked,
+    escalation_from,
+    is_verified,
+    keep_verified,
+    verified_parts,
+)
 from h3director.errors import InvalidInputError
 from h3director.units import GiB
 
@@ -127,7 +135,7 @@ class DiTMemoryHandle:
         `InvalidInputError` (a floor that does not fit, no rows for a capacity check) or `BudgetError`
         (no allowed tier fits)."""
         found = self.verification.lookup(device, dtype, self.widths, rows) if rows is not None else None
-        verified = set(found.verified) if found is not None else set()
+        verified = found.verified if found is not None else Verified()
         report: dict[str, Any] = {"rows": rows, "mode": self.mode, "device": str(device)}
         self.floor.check_fits(self.heads, rows)
         floor = self.floor
@@ -144,8 +152,9 @@ class DiTMemoryHandle:
             report.update(need_bytes=int(decision.need_bytes), have_bytes=int(decision.have_bytes),
                           escalated=bool(decision.escalated))
         report.update(tier=plan.describe(), plan=plan.as_dict(), exactness=plan.exactness.value,
-                      verified=set(plan.relies_on) <= verified, unverified=sorted(set(plan.relies_on) - verified),
-                      exactness_detail=kernels.exactness_text(plan.relies_on, found))
+                      verified=is_verified(plan, verified),
+                      unverified=sorted(set(plan.relies_on) - verified_parts(plan, verified)),
+                      exactness_detail=kernels.exactness_text(plan.relies_on, found, plan.splits))
         self.plan = plan
         return plan, report
 
@@ -197,7 +206,7 @@ class DiTMemoryHandle:
         if not floor.relies_on:
             lines.append("exactness: exact by construction (only lifetimes change)")
         else:
-            cached = (kernels.exactness_text(floor.relies_on, found) if found is not None and found.entry
+            cached = (kernels.exactness_text(floor.relies_on, found, floor.splits) if found is not None and found.entry
                       else "nothing")
             lines.append(f"exactness: decided per forward for its packed-row class; cached here: {cached}")
             if self.mode == "exact only":

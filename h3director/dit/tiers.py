@@ -87,6 +87,14 @@ class DiTMemoryPlan:
         return tuple(needs)
 
     @property
+    def splits(self) -> dict[str, int]:
+        """The split count of each kernel property in `relies_on` (head groups, query chunks, FFN row chunks):
+        a verification holds for the counts it checked, not for every count."""
+        counts = {QKV_COLUMN_GROUPS: self.head_chunks, ATTENTION_HEAD_GROUPS: self.head_chunks,
+                  ATTENTION_QUERY_CHUNKS: self.query_chunks, FFN_ROW_CHUNKS: self.ffn_chunks}
+        return {name: counts[name] for name in self.relies_on}
+
+    @property
     def exactness(self) -> Exactness:
         return Exactness.WHERE_VERIFIED if self.relies_on else Exactness.BY_CONSTRUCTION
 
@@ -169,19 +177,46 @@ def escalation_from(floor: DiTMemoryPlan, heads: int, rows: int | None = None) -
     return [plan for plan in escalation_ladder(heads, rows) if plan != floor and at_least_as_chunked(plan, floor)]
 
 
+class Verified(frozenset):
+    """Kernel property names verified for one device, dtype and row class, with the split counts each was
+    checked at (`counts[name]`: a frozenset of head-group, query-chunk or FFN-row-chunk counts; a name absent
+    from `counts` holds for any count). A plain set of names is read as "any count"."""
+
+    counts: dict[str, frozenset[int]]
+
+    def __new__(cls, names=(), counts: dict | None = None):
+        made = super().__new__(cls, names)
+        made.counts = {name: frozenset(c) for name, c in (counts or {}).items()}
+        return made
+
+
+def verified_parts(plan: DiTMemoryPlan, verified) -> set[str]:
+    """The kernel properties `plan` relies on that `verified` (names, or a `Verified` with split counts) covers
+    at the plan's own split counts (`plan.splits`)."""
+    counts = getattr(verified, "counts", {})
+    return {name for name, count in plan.splits.items()
+            if name in verified and (name not in counts or count in counts[name])}
+
+
+def is_verified(plan: DiTMemoryPlan, verified) -> bool:
+    """Whether every kernel property `plan` relies on is verified at its split counts (`verified_parts`)."""
+    return set(plan.relies_on) <= verified_parts(plan, verified)
+
+
 def keep_verified(plan: DiTMemoryPlan, verified: set[str] | frozenset[str]) -> tuple[DiTMemoryPlan, list[str]]:
-    """`plan` with every technique whose kernel properties are not all in `verified` set back to its stock
-    form (head groups, query chunks or FFN row chunks to 1), and one note per technique kept stock. What
-    "exact only" runs from."""
+    """`plan` with every technique whose kernel properties are not all verified at its split count (`verified`:
+    names, or a `Verified` with the counts checked) set back to its stock form (head groups, query chunks or FFN
+    row chunks to 1), and one note per technique kept stock. What "exact only" runs from."""
     notes = []
     head, query, ffn = plan.head_chunks, plan.query_chunks, plan.ffn_chunks
-    if head > 1 and not {QKV_COLUMN_GROUPS, ATTENTION_HEAD_GROUPS} <= set(verified):
+    covered = verified_parts(plan, verified)
+    if head > 1 and not {QKV_COLUMN_GROUPS, ATTENTION_HEAD_GROUPS} <= covered:
         head, query = 1, 1
         notes.append(f"head groups ({plan.head_chunks}) not verified for this shape: stock attention projection")
-    if query > 1 and ATTENTION_QUERY_CHUNKS not in verified:
+    if query > 1 and ATTENTION_QUERY_CHUNKS not in covered:
         query = 1
         notes.append(f"query chunks ({plan.query_chunks}) not verified for this shape: one attention call per group")
-    if ffn > 1 and FFN_ROW_CHUNKS not in verified:
+    if ffn > 1 and FFN_ROW_CHUNKS not in covered:
         ffn = 1
         notes.append(f"FFN row chunks ({plan.ffn_chunks}) not verified for this shape: stock FFN in one chunk")
     if not notes:
@@ -190,5 +225,5 @@ def keep_verified(plan: DiTMemoryPlan, verified: set[str] | frozenset[str]) -> t
 
 
 __all__ = ["ATTENTION_HEAD_GROUPS", "ATTENTION_QUERY_CHUNKS", "FFN_ROW_CHUNKS", "KERNEL_PROPERTIES",
-           "LIFETIME_ONLY", "QKV_COLUMN_GROUPS", "QUERY_ALIGN", "STOCK", "DiTMemoryPlan", "Exactness",
-           "escalation_ladder", "keep_verified"]
+           "LIFETIME_ONLY", "QKV_COLUMN_GROUPS", "QUERY_ALIGN", "STOCK", "DiTMemoryPlan", "Exactness", "Verified",
+           "escalation_ladder", "is_verified", "keep_verified", "verified_parts"]

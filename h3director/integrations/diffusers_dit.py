@@ -400,15 +400,17 @@ def _widths(config: Any | None) -> KernelWidths | None:
 
 
 def verified_kernel_properties(device: torch.device, dtype: torch.dtype,
-                               config: Any | None = None, rows: int | None = None) -> set[str]:
+                               config: Any | None = None, rows: int | None = None) -> frozenset[str]:
     """Kernel properties (`h3director.dit.tiers` names) that `verify-kernels` verified on `device` for
     `dtype`, at the widths of `config` (a `MiniMaxH3Transformer3DModel.config`; H3's real widths when None),
     for the row class of `rows` (None: any), from `h3director.dit.kernels`' cache (`lookup_for_model`:
-    empty when nothing is verified, then only tiers exact by construction count as verified)."""
+    empty when nothing is verified, then only tiers exact by construction count as verified), with the split
+    counts each passed at (`h3director.dit.tiers.Verified`: pass it on as is to `capacity.choose`)."""
     from h3director.dit import kernels
+    from h3director.dit.tiers import Verified
 
     found = kernels.lookup_for_model(device, dtype, widths=_widths(config), rows=rows)
-    return set(found.verified) if found is not None else set()
+    return found.verified if found is not None else Verified()
 
 
 def default_capacity(transformer: MiniMaxH3Transformer3DModel,
