@@ -1,7 +1,7 @@
 """Activation peak and time of one H3 DiT block at the real width: stock vs each memory tier.
 
     .venv/bin/python bench/dit_memory.py [--rows 8192 16384] [--framework diffusers comfy]
-        [--tiers stock lifetime ffn8 h4f8 h8f16] [--threads 2] [--repeats 1] [--json out.json]
+        [--tiers stock lifetime ffn8 h4f8 h8f16 ffn56] [--threads 2] [--repeats 1] [--json out.json]
         [--diffusers-grad-mode no_grad|inference_mode]
     .venv/bin/python bench/dit_memory.py --table-from out.json [more.json] [--memory-only]   # reprint
 
@@ -28,8 +28,9 @@ stock output (`torch.equal`; when they differ, the largest absolute difference i
 
 What the product says about each tier at that shape: before measuring, the bench runs the product's kernel
 verification (`h3director.dit.kernels.verify_kernels`, what `h3director verify-kernels` runs) on this CPU at each
-`--rows`, bf16, the real widths and the bench's thread count, for the kernel properties and the splits (head-group,
-FFN-row-chunk and query-chunk counts) of the measured tiers, into a temporary kernel cache. Each tier is then put
+`--rows`, bf16, the real widths and the bench's thread count, for the kernel properties the measured tiers rely on,
+at its default split counts (those of `h3director verify-kernels`, every count of the escalation ladder included),
+into a temporary kernel cache. Each tier is then put
 to the DiT memory handle both adapters use (`h3director.dit.memory.memory_handle(...).decide`) reading that cache:
 "reported" is the exactness sentence of a "fixed" run of the tier (`kernels.exactness_text`), "exact only runs" is
 the tier an "exact only" run of the same settings falls back to (`tiers.keep_verified`). The run fails (exit
@@ -68,6 +69,7 @@ TIERS = {
     "h4f8": DiTMemoryPlan(head_chunks=4, ffn_chunks=8),
     "h8f16": DiTMemoryPlan(head_chunks=8, ffn_chunks=16),
     "h8f16q2": DiTMemoryPlan(head_chunks=8, ffn_chunks=16, query_chunks=2),
+    "ffn56": DiTMemoryPlan(ffn_chunks=56),
 }
 SHAPE = DiTShape()            # the released widths
 WIDTHS = KernelWidths.of(SHAPE)
@@ -231,20 +233,14 @@ def measure(runner, rows: int, tiers: list[str], repeats: int = 1,
 
 def verify_for_tiers(rows: int, tiers: list[str], cache_path: Path) -> dict | None:
     """The product's kernel verification on this CPU at `rows` packed rows, bf16, the real widths, for the kernel
-    properties the `tiers` rely on and only their splits (head-group, FFN-row-chunk, query-chunk counts), filed
-    in the kernel cache `cache_path`. Returns the report as a dict (None when no tier relies on a property)."""
+    properties the `tiers` rely on, at `verify-kernels`' default split counts, filed in the kernel cache
+    `cache_path`. Returns the report as a dict (None when no tier relies on a property)."""
     plans = [TIERS[name] for name in tiers]
     properties = tuple(p for p in KERNEL_PROPERTIES if any(p in plan.relies_on for plan in plans))
     if not properties:
         return None
-
-    def counts(attribute: str) -> tuple[int, ...]:
-        return tuple(sorted({getattr(plan, attribute) for plan in plans if getattr(plan, attribute) > 1})) or (2,)
-
     start = time.perf_counter()
-    report = kernels.verify_kernels("cpu", DTYPE, rows, widths=WIDTHS, properties=properties,
-                                    head_groups=counts("head_chunks"), row_chunks=counts("ffn_chunks"),
-                                    query_chunks=counts("query_chunks"), cache=cache_path)
+    report = kernels.verify_kernels("cpu", DTYPE, rows, widths=WIDTHS, properties=properties, cache=cache_path)
     seconds = time.perf_counter() - start
     for name, result in report.results.items():
         print(f"  verify-kernels {rows} rows: {name}: {'bit-identical' if result.passed else 'DIFFERS'}; "
@@ -340,7 +336,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", type=int, nargs="+", default=[8192, 16384])
     parser.add_argument("--framework", nargs="+", choices=["diffusers", "comfy"], default=["diffusers", "comfy"])
     parser.add_argument("--tiers", nargs="+", choices=list(TIERS), default=["stock", "lifetime", "ffn8", "h4f8",
-                                                                             "h8f16"])
+                                                                             "h8f16", "ffn56"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1, help="calls per tier; wall = the fastest (peak: the first)")
     parser.add_argument("--diffusers-grad-mode", choices=["no_grad", "inference_mode"], default="no_grad",
@@ -469,8 +465,9 @@ def results_tables(results: list[dict], args, verification: dict | None = None) 
         tables["verification"] = results_table(
             ["rows", "kernel property", "result", "what was compared"], checked,
             note=f"`h3director.dit.kernels.verify_kernels` on this CPU, bf16, {args.threads} threads, the released "
-                 "widths, the splits of the measured tiers only, run by the bench before it measured (a temporary "
-                 "kernel cache); `torch.equal` of the whole op against one call per split.")
+                 "widths, its default split counts (every count of the escalation ladder included), run by the bench "
+                 "before it measured (a temporary kernel cache); `torch.equal` of the whole op against one call per "
+                 "split; a tier counts as verified only at the split counts that passed.")
     return tables, figures
 
 
