@@ -459,11 +459,14 @@ def results_tables(results: list[dict], args, verification: dict | None = None) 
     checked = []
     for rows, found in (verification or {}).items():
         for name, result in (found or {}).get("results", {}).items():
+            counts = result.get("counts") or {}
             checked.append([f"{int(rows):,}", name, "bit-identical" if result["passed"] else "differs",
-                            _cell(result["detail"])])
+                            ", ".join(map(str, counts.get("passed") or [])) or "-",
+                            ", ".join(map(str, counts.get("failed") or [])) or "-", _cell(result["detail"])])
     if checked:
         tables["verification"] = results_table(
-            ["rows", "kernel property", "result", "what was compared"], checked,
+            ["rows", "kernel property", "result", "split counts bit-identical", "split counts differing",
+             "what was compared"], checked,
             note=f"`h3director.dit.kernels.verify_kernels` on this CPU, bf16, {args.threads} threads, the released "
                  "widths, its default split counts (every count of the escalation ladder included), run by the bench "
                  "before it measured (a temporary kernel cache); `torch.equal` of the whole op against one call per "

@@ -49,7 +49,10 @@ def format_report(report) -> str:
     tail = [f"note: {note}" for note in report.notes]
     if report.cache_problem:
         tail.append(f"replaced an unreadable kernel cache: {report.cache_problem}")
-    tail.append(f"verified: {', '.join(sorted(report.verified)) or 'none'}"
+    passed = [f"{name} at {', '.join(map(str, result.counts()['passed']))}"
+              for name, result in report.results.items() if result.counts()["passed"]]
+    tail.append("split counts verified (a tier counts as exact only at these): " + ("; ".join(passed) or "none"))
+    tail.append(f"verified at every count checked: {', '.join(sorted(report.verified)) or 'none'}"
                 + (f"; filed in {report.cache_path}" if report.cache_path else " (not filed)"))
     return "\n".join(head + [""] + lines + [""] + tail)
 
