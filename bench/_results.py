@@ -90,3 +90,13 @@ def write_results(path: str | os.PathLike, bench: str, arguments: dict, data: di
     with atomic_path(target) as temporary:
         Path(temporary).write_text(json.dumps(record, indent=1, default=float) + "\n")
     return target
+
+
+def table_markdown(found: dict) -> str:
+    """A `table(...)` as the markdown the render script puts in a document (header, rows, note), for a bench's
+    own printout."""
+    lines = ["| " + " | ".join(found["columns"]) + " |", "|" + "---|" * len(found["columns"])]
+    lines += ["| " + " | ".join(row) + " |" for row in found["rows"]]
+    if found.get("note"):
+        lines += ["", found["note"]]
+    return "\n".join(lines)
