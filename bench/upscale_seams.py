@@ -12,6 +12,9 @@ Max abs difference against the untiled output, values in [0, 1]. Also the recept
 the one-pixel probe. Needs spandrel (so torchvision): run it with the ComfyUI environment's Python:
 
     PYTHONPATH=. .comfy/venv/bin/python bench/upscale_seams.py [--height 96 --width 160] [--json]
+
+Writes bench/results/upscale_seams.json (`--out`): table `seams`, figure `exact` (README,
+UPSCALE.md, BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "comfy_harness"))
+
+from _results import table, table_markdown, write_results  # noqa: E402
+
+SOURCES = ("h3director/video/upscale.py", "h3director/video/upscale_field.py",
+           "h3director/integrations/spandrel_models.py", "tests/comfy_harness/upscale_models.py")
 
 CONFIGS = {"esrgan_x4": 96, "esrgan_x2_unshuffle": 120, "compact_x2": 48, "plksr_x2": 64,
            "realplksr_x2": 64}   # model -> tile (input px)
@@ -63,21 +71,31 @@ def main() -> int:
     parser.add_argument("--height", type=int, default=96)
     parser.add_argument("--width", type=int, default=160)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "upscale_seams.json")
     args = parser.parse_args()
     torch.set_num_threads(2)
     rows = [measure(name, tile, args.height, args.width) for name, tile in CONFIGS.items()]
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    print(f"frame {args.width}x{args.height}, CPU float32, torch {torch.__version__}")
-    print("| model | field derived / measured (px) | tile / overlap (px) | tiles | max abs diff, auto "
-          "| overlap 0 (no context) | feathered blend, same overlap |")
-    print("|---|---|---|---|---|---|---|")
+    body = []
     for r in rows:
         field = f"{r['field_derived']} / {r['field_measured']}" if r["exact"] else "not derivable"
         path = "centre crop" if r["exact"] else "feathered, not exact"
-        print(f"| {r['model']} ({r['arch']} {r['scale']}x, {r['params']:,} params) | {field} | {r['tile']} / "
-              f"{r['overlap']} | {r['tiles']} | {r['auto']:.2e} ({path}) | {r['overlap0']:.2e} | {r['feather']:.2e} |")
+        body.append([f"{r['model']} ({r['arch']} {r['scale']}x, {r['params']:,} params)", field,
+                     f"{r['tile']} / {r['overlap']}", r["tiles"], f"{r['auto']:.2e} ({path})", f"{r['overlap0']:.2e}",
+                     f"{r['feather']:.2e}"])
+    seams = table(["model", "field derived / measured (px)", "tile / overlap (px)", "tiles", "max abs diff, auto",
+                   "overlap 0 (no context)", "feathered blend, same overlap"], body,
+                  f"One random {args.width}x{args.height} frame, CPU float32, torch {torch.__version__}: max abs "
+                  "difference of the tiled output to the untiled one (values in [0, 1]); \"measured\" is the one-pixel "
+                  "probe, a lower bound of the field.")
+    exact = [r for r in rows if r["exact"]]
+    figures = {"exact": f"at most {max(r['auto'] for r in exact):.0e} on {len(exact)} random-init spandrel models "
+                        f"(CPU float32) against {min(r['overlap0'] for r in exact):.0e} or more with plain tiling"}
+    write_results(args.out, "upscale_seams", {"height": args.height, "width": args.width},
+                  {"rows": rows, "tables": {"seams": seams}, "figures": figures}, sources=SOURCES)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(table_markdown(seams))
     return 0
 
 
