@@ -17,7 +17,8 @@ before the prompt; "prompt" = peak - idle. Needs the prepared ComfyUI (scripts/s
 
 `--large-frames N` adds a run of the three pipelines on an N-frame clip at the large size, where what the upscale
 holds outweighs the idle server. Writes bench/results/upscale_memory.json (`--out`): tables `small` and `large`,
-figures `flat` and `large` (UPSCALE.md, BENCHMARKS.md).
+figures `flat` and `large_ratio` (UPSCALE.md,
+BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ def main() -> int:
               f"{r['prompt'] / mib:,.0f} MiB", f"{r['peak'] / core['peak']:.3f}", f"{r['seconds']:.1f}"] for r in large],
             f"{args.large_width}x{args.large_height} -> {2 * args.large_width}x{2 * args.large_height}, {model}.")
         node = next(r for r in large if r["pipeline"] == "node (file in)")
-        figures["large"] = (f"at {args.large_frames} frames of {args.large_width}x{args.large_height} -> "
+        figures["large_ratio"] = (f"at {args.large_frames} frames of {args.large_width}x{args.large_height} -> "
                             f"{2 * args.large_width}x{2 * args.large_height}, {node['peak'] / core['peak']:.3f}x of the "
                             f"core chain's ({node['peak'] / mib:,.0f} vs {core['peak'] / mib:,.0f} MiB for the whole "
                             f"server process; prompt {node['prompt'] / core['prompt']:.3f}x)")
