@@ -38,6 +38,9 @@ RESULTS = REPO / "bench" / "results"
 # what the ComfyUI decode bench measures: the streaming node and what it runs
 COMFY_DECODE_SOURCES = ("h3director/comfy/nodes_decode.py", "h3director/integrations/comfy_vae.py", "h3director/video",
                         "bench/comfy_decode_memory.py")
+# what the A/V accuracy bench measures: `measure_file` and what it reads with, and the clips it writes
+AVSYNC_SOURCES = tuple(f"h3director/av/{name}.py" for name in ("measure", "onsets", "envelopes", "media", "open_file",
+                                                                "synthetic")) + ("bench/avsync_accuracy.py",)
 DOCUMENTS = ("README.md", "docs/*.md")
 BLOCK = re.compile(r"(<!-- rendered: ([a-z0-9_]+(?:/[a-z0-9_]+)?) -->\n)(.*?)(<!-- /rendered -->)", re.S)
 
@@ -121,7 +124,7 @@ def _generic(key: str) -> Callable[[dict], str]:
         if found is None:
             known = sorted({*(data.get("tables") or {}), *(data.get("figures") or {})})
             raise KeyError(f"no table or figure {key!r} in bench/results/{data['bench']}.json (has: {', '.join(known)})")
-        return _bench_module("_results").markdown(found) + "\n\n" + _provenance(data)
+        return _bench_module("_results").table_markdown(found) + "\n\n" + _provenance(data)
     return render
 
 
@@ -149,8 +152,7 @@ RENDERERS: dict[str, Renderer] = {
                                  _planner_external),
     "planner_external_counts": Renderer("planner_external.json", ("h3director/plan", "bench/planner_external.py"),
                                         _planner_external_counts),
-    "avsync_accuracy": Renderer("avsync_accuracy.json", ("h3director/av", "bench/avsync_accuracy.py"),
-                                _avsync_accuracy),
+    "avsync_accuracy": Renderer("avsync_accuracy.json", AVSYNC_SOURCES, _avsync_accuracy),
     "comfy_decode_memory": Renderer("comfy_decode_memory.json", COMFY_DECODE_SOURCES, _comfy_decode_memory),
     "comfy_decode_memory_ratio": Renderer("comfy_decode_memory.json", COMFY_DECODE_SOURCES, _comfy_decode_memory_ratio),
     "shared_read_copies": Renderer("shared_read_copies.json", ("h3director/core/shared_store.py",
