@@ -18,7 +18,7 @@ import platform
 from pathlib import Path
 
 import torch
-from _results import table_markdown, table, write_results
+from _results import table, table_markdown, write_results
 
 from h3director.integrations.diffusers_h3 import H3VideoAdapter, denormalize_video
 from h3director.integrations.diffusers_h3_audio import H3AudioAdapter, context_latents, decoder_influence

@@ -35,7 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from _gguf_blocks import random_blocks  # noqa: E402
-from _results import table_markdown, table, write_results  # noqa: E402
+from _results import table, table_markdown, write_results  # noqa: E402
 from _timing import median_seconds  # noqa: E402
 
 from h3director import native  # noqa: E402

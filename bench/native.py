@@ -36,7 +36,7 @@ from functools import partial
 import numpy as np
 import torch
 from _gguf_blocks import random_blocks
-from _results import table_markdown, table, write_results
+from _results import table, table_markdown, write_results
 from _timing import best_seconds, median_seconds
 
 from h3director import native
