@@ -12,6 +12,7 @@ a table (rendered as a markdown table, its note, and where the numbers come from
 line, for a sentence of the document). Nobody edits a block by hand.
 
     python scripts/render_docs.py           rewrite every block from its results file
+    python scripts/render_docs.py --stale   print the benches whose results are missing or stale
     python scripts/render_docs.py --check   change nothing; exit 1 naming every block that differs from its
                                             results file, every results file that is missing, and every one
                                             older than the code it describes (the code of one of its sources,
@@ -303,10 +304,30 @@ def render_all(check: bool) -> list[str]:
     return problems
 
 
+def stale_benches() -> list[str]:
+    """The benches (results file stems) whose results some document renders and that are missing or stale."""
+    names = set()
+    for path in documents():
+        for match in BLOCK.finditer(path.read_text()):
+            renderer = renderer_for(match.group(2))
+            if renderer is None:
+                continue
+            results = RESULTS / renderer.results
+            if not results.is_file() or staleness(match.group(2), json.loads(results.read_text())) is not None:
+                names.add(renderer.results.removesuffix(".json"))
+    return sorted(names)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 on any difference")
+    parser.add_argument("--stale", action="store_true",
+                        help="change nothing; print the bench of every results file that is missing or stale, one "
+                             "per line (for scripts/run_rendered_benches.sh)")
     args = parser.parse_args(argv)
+    if args.stale:
+        print("\n".join(stale_benches()))
+        return 0
     problems = render_all(args.check)
     for line in problems:
         print(line)
