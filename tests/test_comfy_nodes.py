@@ -166,7 +166,7 @@ def test_frame_offset_refuses_bad_input():
 
 
 def test_av_sync_measure_node_reads_the_offset_and_plots_both_envelopes():
-    from h3director.av.synthetic import synthetic_tracks
+    from fixtures.synthetic_av import synthetic_tracks
     from h3director.comfy.nodes_avsync import AVSyncMeasure
     from h3director.comfy.nodes_frames import FrameOffset
 

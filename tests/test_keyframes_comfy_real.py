@@ -1,6 +1,6 @@
 """Keyframe Select -> a core detailer -> Keyframe Merge in a REAL ComfyUI server (CPU).
 
-A synthetic moving clip with a scene cut (video.synthetic_motion) is written as an MP4 into the input folder;
+A synthetic moving clip with a scene cut (fixtures/synthetic_motion.py) is written as an MP4 into the input folder;
 core `LoadVideo` + `GetVideoComponents` decode it, `H3DirectorKeyframeSelect` picks every 5th frame,
 core `ImageScaleBy` (lanczos, 2x: an upscaling "detailer"; core `ImageSharpen` needs kornia, which the
 vendored environment lacks) details only those keyframes, `H3DirectorKeyframeMerge` (flow warp on) rebuilds the
@@ -26,7 +26,7 @@ import pytest
 from comfy_harness.server import HARNESS, comfyui_python, comfyui_server, prepare_base, submit
 from comfy_harness.vendored import real_comfyui_marks
 
-from h3director.video.synthetic_motion import MovingScenes
+from fixtures.synthetic_motion import MovingScenes
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = real_comfyui_marks()

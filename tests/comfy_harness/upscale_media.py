@@ -7,8 +7,8 @@ import numpy as np
 
 def video_with_audio(path, frames: np.ndarray, fps: int = 12, rate: int = 16000, crf: int = 18) -> None:
     """H.264 `frames` (uint8 [F, H, W, 3]) at `fps` with a mono AAC 440 Hz tone as long as the picture
-    (`h3director.av.synthetic.write_clip`)."""
-    from h3director.av.synthetic import write_clip
+    (`fixtures.synthetic_av.write_clip`)."""
+    from fixtures.synthetic_av import write_clip
 
     t = np.arange(int(rate * len(frames) / fps), dtype=np.float32) / rate
     write_clip(path, frames, (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), fps, rate, crf=crf)
