@@ -28,25 +28,25 @@ def _seed_torch():
     yield
 
 
-# Small random-initialised configs of the real diffusers VAEs (h3director.integrations.tiny), built
+# Small random-initialised configs of the real diffusers VAEs (h3director.commands.demo_vaes), built
 # once per session. Tests that change a model setting (tiling, slicing) must restore it.
 @pytest.fixture(scope="session")
 def tiny_h3():
-    from h3director.integrations.tiny import tiny_h3_vae
+    from h3director.commands.demo_vaes import tiny_h3_vae
 
     return tiny_h3_vae(seed=0)
 
 
 @pytest.fixture(scope="session")
 def tiny_wan():
-    from h3director.integrations.tiny import tiny_wan_vae
+    from fixtures.tiny_vaes import tiny_wan_vae
 
     return tiny_wan_vae(seed=0)
 
 
 @pytest.fixture(scope="session")
 def tiny_h3_audio():
-    from h3director.integrations.tiny import tiny_h3_audio_vae
+    from h3director.commands.demo_vaes import tiny_h3_audio_vae
 
     return tiny_h3_audio_vae(seed=0)
 

@@ -257,9 +257,10 @@ def test_guard_wrapper_preflights_each_forward_with_the_capacity_cost_model():
 
 
 def test_out_of_memory_in_a_clip_frees_models_and_retries_bit_identically(video_vae):
+    from fixtures.oom_injection import OomOnClip
     from h3director.comfy.image_sink import ComfyImageSink
     from h3director.integrations.comfy_vae import ComfyH3VideoAdapter
-    from h3director.video.faults import STAGE_MID, OomOnClip
+    from h3director.video.faults import STAGE_MID
     from h3director.video.scheduler import DecodeOutOfMemory, stream_decode
 
     latent = _latent(t=12, h=8, w=8)

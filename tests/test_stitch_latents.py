@@ -72,7 +72,7 @@ def test_the_cli_latent_mode_decodes_the_joined_chain_once(tmp_path, capsys):
     from safetensors.torch import save_file
 
     from h3director.cli import main
-    from h3director.integrations.tiny import tiny_h3_audio_vae, tiny_h3_vae
+    from h3director.commands.demo_vaes import tiny_h3_audio_vae, tiny_h3_vae
 
     tiny_h3_vae(seed=1).save_pretrained(tmp_path / "vae")
     tiny_h3_audio_vae(seed=1).save_pretrained(tmp_path / "audio_vae")

@@ -109,13 +109,13 @@ class FakeComfyVAE:
 
 
 def comfy_video_vae(seed: int = 0) -> FakeComfyVAE:
-    from h3director.integrations.tiny import tiny_h3_vae
+    from h3director.commands.demo_vaes import tiny_h3_vae
 
     return FakeComfyVAE(FakeMiniMaxH3VideoVAE(tiny_h3_vae(seed)), latent_channels=24)
 
 
 def comfy_audio_vae(seed: int = 0) -> FakeComfyVAE:
-    from h3director.integrations.tiny import tiny_h3_audio_vae
+    from h3director.commands.demo_vaes import tiny_h3_audio_vae
 
     return FakeComfyVAE(FakeMiniMaxH3AudioVAE(tiny_h3_audio_vae(seed)), latent_channels=32, audio_sample_rate=32_000)
 

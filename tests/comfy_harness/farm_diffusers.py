@@ -17,7 +17,7 @@ def write_tiny_pipeline(folder: Path) -> Path:
     import torch
     from diffusers import MiniMaxH3Scheduler, MiniMaxH3Transformer3DModel
 
-    from h3director.integrations.tiny import tiny_h3_vae
+    from h3director.commands.demo_vaes import tiny_h3_vae
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
