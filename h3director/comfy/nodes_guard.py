@@ -93,14 +93,6 @@ def _dit_memory_handle(transformer_options):
     return None
 
 
-def _dit_memory_floor(transformer_options):
-    """The tier the H3Director DiT Memory node starts from, when its wrapper is on this model; else stock."""
-    from h3director.dit.tiers import STOCK
-
-    handle = _dit_memory_handle(transformer_options)
-    return handle.floor if handle is not None else STOCK
-
-
 def split_batch(x, args: tuple, kwargs: dict, parts: int) -> list[tuple]:
     """``(x, args, kwargs)`` for each of `parts` slices of the latent batch: every tensor whose first
     dimension is the batch is sliced (``torch.chunk``), the transformer options' per-item lists

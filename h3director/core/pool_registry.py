@@ -44,9 +44,3 @@ def held_pools() -> dict[str, SlotPool]:
     """The pools built so far, by device (for stats and the monitor)."""
     with _lock:
         return {device: pool for device, (_, pool) in _pools.items()}
-
-
-def drop_pools() -> None:
-    """Forget every pool (their memory returns once their last leases are gone)."""
-    with _lock:
-        _pools.clear()

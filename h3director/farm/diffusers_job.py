@@ -170,7 +170,7 @@ class PipelineHost:
     """The diffusers components a worker keeps loaded: the last (folder, dtype) it ran, on its device.
     `run(job_id, request, work_dir)` runs one job and returns a `comfy_server.RunResult`-shaped dict.
     `device`: a torch device name; None takes CUDA's current device when there is one, else the CPU.
-    `fault_injector` goes to `stream_decode` (tests: `video.faults.OomOnClip`)."""
+    `fault_injector` goes to `stream_decode` (tests: `fixtures/oom_injection.py`)."""
 
     def __init__(self, device: str | None = None, fault_injector=None) -> None:
         self.key: tuple[str, str] | None = None

@@ -688,13 +688,3 @@ class DiTCostModel:
                                      attention=self.attention, fused_norms=self.fused_norms,
                                      timesteps=self.timesteps)
         return block + self.forward_extra_bytes(rows, dtype)
-
-
-def comfy_cost_model(shape: DiTShape | None = None, attention: str = "flash") -> DiTCostModel:
-    """The cost model of ComfyUI's H3 DiT (`shape` default: the released model)."""
-    return DiTCostModel(shape or DiTShape(), "comfy", attention)
-
-
-def diffusers_cost_model(shape: DiTShape | None = None, attention: str = "flash") -> DiTCostModel:
-    """The cost model of diffusers' `MiniMaxH3Transformer3DModel` (`shape` default: the released model)."""
-    return DiTCostModel(shape or DiTShape(), "diffusers", attention)
