@@ -123,7 +123,7 @@ def _run_phase(kind: str, frames: int, width: int, height: int, seed: int, video
     from h3director.integrations import load_vae
     from h3director.video.scheduler import AudioJob, stream_decode
     from h3director.video.sinks import DigestSink, TeeSink, VideoFileSink
-    from h3director.video.sinks_compose import frame_digests
+    from h3director.video.sinks.digest import frame_digests
 
     generator = torch.Generator().manual_seed(seed)
     latents = torch.randn((1, VIDEO_LATENT_CHANNELS, latent_frames_for(frames), height // SPATIAL_RATIO,

@@ -34,7 +34,7 @@ from h3director.video.crossfade import crossfade_parts
 from h3director.video.decoder import ClipExecution, DecodeSession, VideoDecoderAdapter
 from h3director.video.faults import STAGE_START, FaultInjector, FaultPoint, is_out_of_memory
 from h3director.video.preflight import PreflightResult, preflight, resolve_budget
-from h3director.video.sink import FrameSink, StreamSpec
+from h3director.video.sinks.contract import FrameSink, StreamSpec
 
 ProgressCallback = Callable[[int, int], None]
 """Called as ``on_progress(frames_done, frames_total)`` each time frames are handed to the sink."""

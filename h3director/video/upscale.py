@@ -43,7 +43,7 @@ from h3director.core.guard import free_caches
 from h3director.core.oom import is_out_of_memory
 from h3director.errors import InvalidInputError
 from h3director.video.resize import check_filter, parse_size, pillow_version, resize_frame
-from h3director.video.sink import FrameSink, StreamSpec
+from h3director.video.sinks.contract import FrameSink, StreamSpec
 from h3director.video.upscale_field import auto_overlap, derive_field, measure_field
 from h3director.video.upscale_sources import FrameSource
 from h3director.video.upscale_stages import StageClock, StageStats, dtype_name, dtype_refusal

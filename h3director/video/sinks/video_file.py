@@ -16,9 +16,9 @@ import torch
 
 from h3director.core.atomic_file import check_output_path, commit, remove_quietly, temporary_path
 from h3director.errors import InvalidInputError, missing_package
-from h3director.video.pixels import uint8_pixels
-from h3director.video.sink import StreamSpec
-from h3director.video.sinks_base import LONGEST_RUN_FRAMES, OrderedSink, require_single_video
+from h3director.video.sinks.contract import StreamSpec
+from h3director.video.sinks.ordered import LONGEST_RUN_FRAMES, OrderedSink, require_single_video
+from h3director.video.sinks.pixels import uint8_pixels
 
 CONTAINER_FORMATS = {".mp4": "mp4", ".mov": "mov", ".mkv": "matroska"}
 AUDIO_LAYOUTS = {1: "mono", 2: "stereo"}
