@@ -7,11 +7,11 @@ import torch
 from decode_helpers import CollectingSink, single_thread  # noqa: F401 - fixture
 
 from h3director import geometry
-from h3director.av.stitch_latents import decode_stitched, join_latents
 from h3director.errors import InvalidInputError
 from h3director.integrations.diffusers_h3 import H3VideoAdapter
 from h3director.integrations.diffusers_h3_audio import H3AudioAdapter
 from h3director.video.scheduler import stream_decode
+from h3director.video.stitch_latents import decode_stitched, join_latents
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
