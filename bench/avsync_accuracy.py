@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/avsync_accuracy.py [--seconds 8] [--seeds 1] [--out bench/results/avsync_accuracy.json]
 
-The set (`fixtures.synthetic_av`, 24 fps, 32 kHz, 96x64, picture and sound noise):
+The set (`fixtures/synthetic_av.py`, 24 fps, 32 kHz, 96x64, picture and sound noise):
 
 * beep-and-flash: every flash shape ("step" drawn on 1, 3 or 6 frames; "fade"; "smooth" raised-cosine rise) against
   every tone shape ("step" tone burst of 100, 200 or 400 ms; "smooth" attack; decaying noise "click");
@@ -27,10 +27,9 @@ import numpy as np
 
 from h3director.av.measure import measure_file
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # bench/, the root
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1] / "fixtures")]
 from _results import write_results  # noqa: E402
-
-from fixtures.synthetic_av import (  # noqa: E402
+from synthetic_av import (  # noqa: E402
     FLASH_SHAPES,
     TONE_SHAPES,
     beep_flash_tracks,

@@ -1,6 +1,6 @@
 """Keyframe detailing vs detailing every frame: detailer calls, host peak memory, and PSNR of the carried detail.
 
-Content: `fixtures.synthetic_motion.MovingScenes` (a smooth texture translating `--shift` px per frame,
+Content: `MovingScenes` (fixtures/synthetic_motion.py) (a smooth texture translating `--shift` px per frame,
 one scene, float32 RGB) and its known detail layer. The "detailer" is an oracle that returns the detailed truth
 of each frame it is given (the all-frames-detailed result is therefore the truth itself), so the PSNR measures
 only what carrying the detail from keyframes loses. Keyframes: every `--n`-th frame plus the last.
@@ -31,8 +31,8 @@ import numpy as np
 
 from h3director.video import detail_carry, keyframes
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the repository root, for fixtures/
-from fixtures.synthetic_motion import MovingScenes  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+from synthetic_motion import MovingScenes  # noqa: E402
 
 
 class OracleDetailer:

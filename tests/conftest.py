@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, settings
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 # Real-ComfyUI tests: unless COMFYUI_DIR is set, use the vendored ComfyUI that scripts/setup.sh prepared
-# in .comfy/ (sets COMFYUI_DIR and COMFYUI_PYTHON; see tests/comfy_harness/vendored.py).
+# in .comfy/ (sets COMFYUI_DIR and COMFYUI_PYTHON; see fixtures/comfy_harness/vendored.py).
 from comfy_harness.vendored import use_prepared_comfyui  # noqa: E402
 
 use_prepared_comfyui()
@@ -39,7 +39,7 @@ def tiny_h3():
 
 @pytest.fixture(scope="session")
 def tiny_wan():
-    from fixtures.tiny_vaes import tiny_wan_vae
+    from tiny_vaes import tiny_wan_vae
 
     return tiny_wan_vae(seed=0)
 

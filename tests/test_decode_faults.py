@@ -3,8 +3,8 @@
 import pytest
 import torch
 from decode_helpers import CollectingSink, h3_reference, single_thread  # noqa: F401 - fixture
+from oom_injection import OomOnClip
 
-from fixtures.oom_injection import OomOnClip
 from h3director.integrations.diffusers_h3 import H3VideoAdapter
 from h3director.integrations.diffusers_wan import WanVideoAdapter
 from h3director.video.decoder import ClipExecution

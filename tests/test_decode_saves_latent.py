@@ -1,6 +1,6 @@
 """The decode node writes its latent to disk before decoding, so a decode that dies is rerun from the file.
 
-H3Director Decode AV (Streaming) on the ComfyUI stand-ins (`tests/comfy_harness`, the real diffusers H3 VAE
+H3Director Decode AV (Streaming) on the ComfyUI stand-ins (`fixtures/comfy_harness`, the real diffusers H3 VAE
 at a tiny size) with a decoder that dies in its second clip: the latent (video and audio) is already in
 ``output/latents/`` under its final name, `h3director decode FILE` decodes it to the frames the node gives
 when it does not die (and, with the audio VAE, to an MP4 with its soundtrack), and ``save_latent=False``

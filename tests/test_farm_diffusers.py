@@ -128,7 +128,8 @@ def test_a_job_error_is_reported_and_the_host_goes_on(folder, tmp_path):
 
 
 def test_an_out_of_memory_decode_is_an_oom_result_the_driver_retries_cheaper(folder, tmp_path):
-    from fixtures.oom_injection import OomOnClip
+    from oom_injection import OomOnClip
+
     from h3director.farm.diffusers_job import PipelineHost, request
 
     (job,), _ = parse_jobs(_line(), folder)

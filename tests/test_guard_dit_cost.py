@@ -1,7 +1,7 @@
 """The Memory Guard node prices each H3 DiT forward with the capacity check's cost model, on ComfyUI's real model.
 
 Runs in a fresh Python (the pack's other tests put stand-in `comfy` modules on sys.path) with the tiny
-ComfyUI `MiniMaxH3Model` of tests/comfy_harness/dit_worker.py: the guard's preflight must be the ledger
+ComfyUI `MiniMaxH3Model` of fixtures/comfy_harness/dit_worker.py: the guard's preflight must be the ledger
 cost of the packed rows ComfyUI's `PackedLayout` builds, at the stock block without the DiT Memory node
 and at the node's floor tier with it.
 """
@@ -63,7 +63,7 @@ print(json.dumps(out))
 
 @pytest.mark.skipif(comfy_root() is None, reason="no ComfyUI source tree (set COMFYUI_DIR)")
 def test_guard_prices_the_forward_with_the_ledger_at_the_tier_that_runs():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "comfy_harness")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "fixtures" / "comfy_harness")]))
     run = subprocess.run([sys.executable, "-c", SCRIPT, str(comfy_root())], capture_output=True, text=True,
                          env=env, cwd=str(REPO), timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]

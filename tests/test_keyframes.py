@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from synthetic_motion import MovingScenes
 
-from fixtures.synthetic_motion import MovingScenes
 from h3director.errors import InvalidInputError
 from h3director.video import detail_carry, keyframes
 

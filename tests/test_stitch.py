@@ -173,7 +173,7 @@ def test_a_failure_midway_keeps_an_existing_output_and_leaves_no_temporary(chain
 
 
 def _segment_with_sound(path, frames, sound):
-    from fixtures.synthetic_av import write_clip
+    from synthetic_av import write_clip
 
     pictures = np.full((frames, H, W, 3), 90, np.uint8)
     write_clip(path, pictures, sound, 24.0, 32_000, container_format="matroska", audio_codec="pcm_s16le")

@@ -1,7 +1,7 @@
 """The few ComfyUI services the nodes use, imported when called (ComfyUI is importable only inside it), and what
 the running prompt is (from its `PromptServer`: `running_prompt`, `prompt_node`, `running_node`).
 
-Mirrors of these functions in the test harness (`tests/comfy_harness/`) keep the same signatures:
+Mirrors of these functions in the test harness (`fixtures/comfy_harness/`) keep the same signatures:
 `folder_paths.get_output_directory`, `folder_paths.get_temp_directory`,
 `folder_paths.get_save_image_path`, and `comfy.model_management.{free_memory, get_free_memory,
 get_total_memory, load_models_gpu, soft_empty_cache, get_torch_device, unload_all_models}`.
