@@ -81,11 +81,6 @@ def plan_for(width: int, height: int, frames: int, budget_bytes: int | None,
     return "\n".join(lines), settings
 
 
-def plan_text(width: int, height: int, frames: int, budget_bytes: int | None, device_name: str) -> str:
-    """`plan_for`'s text."""
-    return plan_for(width, height, frames, budget_bytes, device_name)[0]
-
-
 class PlanNode(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
