@@ -10,9 +10,10 @@ read, moved or tested without the other), so hiding an import inside a function 
 Importing `pkg.sub` also runs `pkg/__init__.py`, but that edge is left out: a package's `__init__` that
 re-exports its own submodules would otherwise be a cycle with each of them by construction.
 
-The benches (`bench/`) may use the package and each other, never `tests/`: no import of a module that lives under
-`tests/` (the benches put folders on `sys.path`, so a bare `import x` is checked against `tests/x.py` and
-`tests/x/`), and no path into `tests/` (a string "tests" or "tests/...") in their source.
+The benches (`bench/`) may use the package, `fixtures/` and each other, never `tests/`: no import of a module that
+lives under `tests/` (the benches put folders on `sys.path`, so a bare `import x` is checked against `tests/x.py`,
+`tests/x/` and `tests/*/x.py`), and no path into `tests/` (a string "tests" or "tests/...") in their source. The
+package never imports `fixtures/`.
 """
 
 from __future__ import annotations
@@ -186,27 +187,22 @@ def test_relative_imports_are_resolved(tmp_path):
     assert find_cycles(subpackage_graph(graph)) == [["av", "video", "av"]]
 
 
-def _tests_names() -> set[str]:
-    """Top-level import names that resolve into tests/ (its modules and packages) and `tests` itself."""
-    names = {"tests"}
-    for entry in TESTS.iterdir():
-        if entry.suffix == ".py" or (entry.is_dir() and any(entry.glob("*.py"))):
-            names.add(entry.stem if entry.suffix == ".py" else entry.name)
-    for entry in TESTS.glob("*/"):       # folders the benches could have put on sys.path themselves
-        for sub in entry.glob("*.py"):
-            names.add(sub.stem)
-    return names - {"__init__", "conftest"}
+def _top_level_names(folder: Path) -> set[str]:
+    """Import names `folder` provides when it, or a folder in it, is on `sys.path`: its modules and packages,
+    and the modules of its subfolders."""
+    names = {p.stem for p in folder.glob("*.py")} | {p.name for p in folder.iterdir() if p.is_dir()}
+    names |= {p.stem for p in folder.glob("*/*.py")}
+    return names - {"__init__", "conftest", "__pycache__"}
 
 
-def _bench_own_names() -> set[str]:
-    return {p.stem for p in BENCH.rglob("*.py")} | {p.name for p in BENCH.rglob("*") if p.is_dir()}
-
-
-def bench_imports_of_tests() -> list[str]:
-    """'file:line what' for each import of a tests/ module or path into tests/ in bench/."""
-    forbidden = _tests_names() - _bench_own_names()
+def bench_imports_of_tests(bench: Path = BENCH, tests: Path = TESTS) -> list[str]:
+    """'file:line what' for each import of a module that lives in `tests` (or of `tests` itself), and each
+    string naming a path into it ("tests", "tests/..."), in the Python files under `bench`. A name `bench` has a
+    module or folder of its own for is the bench's."""
+    own = {p.stem for p in bench.rglob("*.py")} | {p.name for p in bench.rglob("*") if p.is_dir()}
+    forbidden = ({"tests"} | _top_level_names(tests)) - own
     found = []
-    for path in sorted(BENCH.rglob("*.py")):
+    for path in sorted(bench.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             hit = None
             if isinstance(node, ast.Import):
@@ -214,14 +210,44 @@ def bench_imports_of_tests() -> list[str]:
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 hit = node.module if node.module.split(".")[0] in forbidden else None
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-                text = node.value
-                if text == "tests" or text.startswith("tests/"):
-                    hit = repr(text)
+                if node.value == "tests" or node.value.startswith("tests/"):
+                    hit = repr(node.value)
             if hit:
-                found.append(f"{path.relative_to(REPO)}:{node.lineno} {hit}")
+                found.append(f"{path.relative_to(bench.parent)}:{node.lineno} {hit}")
     return found
 
 
 def test_the_benches_do_not_import_the_tests():
     found = bench_imports_of_tests()
     assert not found, "bench/ reaches into tests/:\n" + "\n".join(found)
+
+
+def test_the_bench_check_can_fail(tmp_path):
+    (tmp_path / "tests" / "harness").mkdir(parents=True)
+    (tmp_path / "tests" / "cases.py").write_text("")
+    (tmp_path / "tests" / "harness" / "server.py").write_text("")
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "a.py").write_text(
+        "import sys\nsys.path.insert(0, 'tests')\nfrom cases import X\ndef f():\n    import server\n")
+    (tmp_path / "bench" / "ok.py").write_text("from h3director import units\nimport _results\n")
+    found = bench_imports_of_tests(tmp_path / "bench", tmp_path / "tests")
+    assert sorted(found) == ["bench/a.py:2 'tests'", "bench/a.py:3 cases", "bench/a.py:5 server"]
+
+
+def test_the_package_does_not_import_the_fixtures():
+    """`fixtures/` (what the tests and benches share) is never part of the product."""
+    folder = REPO / "fixtures"      # its own top-level names (comfy_harness/server.py is `comfy_harness.server`)
+    fixtures = {p.stem for p in folder.glob("*.py")} | {p.name for p in folder.iterdir() if p.is_dir()}
+    found = [f"{module}: {name}" for module, path in _package_modules().items()
+             for name in _all_imported_top_names(path) if name in fixtures]
+    assert not found, "h3director/ imports fixtures/:\n" + "\n".join(found)
+
+
+def _all_imported_top_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
