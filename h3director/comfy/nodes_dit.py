@@ -80,3 +80,6 @@ class DiTMemoryNode(io.ComfyNode):
 
         summary = install_summary(handle, model.load_device, dtype, kernel_widths(model.model.diffusion_model))
         return io.NodeOutput(patched, ui={"text": (summary,)})
+
+
+__all__ = ["DiTMemoryNode"]

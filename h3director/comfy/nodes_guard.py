@@ -337,3 +337,6 @@ class MemoryGuardNode(io.ComfyNode):
         patched = model.clone()
         patched.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, GUARD_KEY, make_guard_wrapper(guard))
         return io.NodeOutput(patched)
+
+
+__all__ = ["ACTIONS", "GUARD_KEY", "MemoryGuardNode", "dit_shape_of", "forward_tokens", "make_guard_wrapper"]

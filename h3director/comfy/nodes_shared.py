@@ -203,3 +203,7 @@ class SharedRead(io.ComfyNode):
     @classmethod
     def execute(cls, key, after=None) -> io.NodeOutput:
         return io.NodeOutput(read_shared(key))
+
+
+__all__ = ["SharedRead", "SharedWrite", "existing_store", "flatten", "get_conditioning", "put_conditioning",
+           "read_shared", "shared_store", "write_shared"]

@@ -189,3 +189,6 @@ class CachedTextEncode(io.ComfyNode):
         report = (f"text encoder: {what}; cache hits {stats['hits']}, misses {stats['misses']}, "
                   f"bytes saved {stats['bytes_saved']}")
         return io.NodeOutput(conditioning, report)
+
+
+__all__ = ["CachedTextEncode", "text_cache_stats"]

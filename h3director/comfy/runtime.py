@@ -25,12 +25,14 @@ class SaveTarget:
 
 
 def output_directory() -> Path:
+    """ComfyUI's output folder (`folder_paths.get_output_directory()`), resolved."""
     import folder_paths
 
     return Path(folder_paths.get_output_directory()).resolve()
 
 
 def temp_directory() -> Path:
+    """ComfyUI's temp folder (`folder_paths.get_temp_directory()`), resolved."""
     import folder_paths
 
     return Path(folder_paths.get_temp_directory()).resolve()
@@ -88,6 +90,7 @@ def unload_models_and_empty_caches() -> None:
 
 
 def free_bytes(device) -> int:
+    """Free bytes on `device` as ComfyUI's model management counts them (`get_free_memory`)."""
     import comfy.model_management
 
     return int(comfy.model_management.get_free_memory(device))
@@ -147,3 +150,7 @@ def running_node(server: Any = None) -> dict[str, Any] | None:
     meta = node.get("_meta") if isinstance(node.get("_meta"), dict) else {}
     return {"prompt_id": prompt_id, "node_id": None if node_id is None else str(node_id),
             "class_type": node.get("class_type"), "title": meta.get("title")}
+
+
+__all__ = ["SaveTarget", "free_bytes", "free_device_memory", "load_vae", "output_directory", "prompt_node",
+           "running_node", "running_prompt", "save_target", "temp_directory", "torch_device", "total_bytes", "unload_models_and_empty_caches"]

@@ -39,6 +39,7 @@ AUDIO_TOLERANCE = 1.2e-7   # chunked audio vs the one-call decode: float32 round
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `h3director demo`'s options to `parser` (its argparse sub-parser)."""
     parser.add_argument("--out", default="out", help="folder for demo.mp4, memory.png and memory.json (default: out)")
     parser.add_argument("--frames", type=int, default=DEFAULT_FRAMES,
                         help=f"video frames; 17n+5 is H3's grid (default: {DEFAULT_FRAMES})")
@@ -232,6 +233,11 @@ def _audio_check(error: float, latent_frames: int, chunk_latents: int) -> tuple[
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the stock and the director's decode of the same small random-initialised latents in child processes
+    and print the comparison; returns 0 when every check says yes, else 1.
+
+    Raises InvalidInputError for `--frames` outside 1..2000 or a bad `--size`; H3DirectorError when a phase
+    fails."""
     from h3director.core.monitor import Monitor
     from h3director.errors import InvalidInputError
     from h3director.geometry import audio_latent_frames_for, latent_frames_for
@@ -271,3 +277,6 @@ def run(args: argparse.Namespace) -> int:
     print(_table(stock, director, checks, video_path))
     print(f"wrote {video_path}, {out_dir / 'memory.png'}, {out_dir / 'memory.json'}")
     return 0 if all(verdict.startswith("yes") for verdict in checks.values()) else 1
+
+
+__all__ = ["HELP", "START_METHOD", "PhaseResult", "add_arguments", "run"]

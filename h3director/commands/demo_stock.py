@@ -18,8 +18,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["stock_audio_decode", "stock_pixel_convention", "stock_uint8_frames", "stock_video_decode"]
-
 
 def stock_pixel_convention() -> tuple[tuple[float, ...], tuple[float, ...]]:
     """The H3 pipeline's own pixel mean and std (read from diffusers)."""
@@ -57,3 +55,6 @@ def stock_audio_decode(audio_vae, audio_latents: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         audio = audio_vae.decode(audio_latents * std + mean, return_dict=False)[0]
     return audio.float().permute(1, 0, 2)
+
+
+__all__ = ["stock_audio_decode", "stock_pixel_convention", "stock_uint8_frames", "stock_video_decode"]

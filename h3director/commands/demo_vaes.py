@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["random_initialised", "tiny_h3_audio_vae", "tiny_h3_vae"]
-
 
 def random_initialised(cls, seed: int, channels: int, zero_scale: float = 0.2, **config) -> torch.nn.Module:
     """`cls(**config)` initialised from `seed` with seeded latents_mean/std of `channels` values and every
@@ -58,3 +56,6 @@ def tiny_h3_audio_vae(seed: int = 0):
 
     return random_initialised(AutoencoderKLMiniMaxH3Audio, seed, 32, encoder_dim=4, latent_dim=64, latent_channels=32,
                   num_attention_heads=2, decoder_dim=128)
+
+
+__all__ = ["random_initialised", "tiny_h3_audio_vae", "tiny_h3_vae"]

@@ -14,6 +14,7 @@ HELP = "join chained segments that share N frames into one file (streaming, exac
 
 
 def add_arguments(parser) -> None:
+    """Add `h3director stitch`'s options to `parser` (its argparse sub-parser)."""
     from h3director.av.stitch import AUDIO_CODECS, BLENDS, VIDEO_CODECS
 
     parser.add_argument("segments", nargs="+", help="segment files in chain order (2 or more)")
@@ -68,6 +69,9 @@ def _run_latents(args) -> int:
 
 
 def run(args) -> int:
+    """Join the segment files (or latent files with `--vae`) in `args` into `--out`; returns 0 once
+    written. Raises InvalidInputError for segments that cannot be chained or an option that does not apply
+    to the mode."""
     from h3director.av.stitch import stitch_files
 
     if args.vae:
@@ -86,3 +90,6 @@ def run(args) -> int:
           + (f"; {padded} samples of silence padded at segment ends" if padded else "")
           + (f"; audio cross-fades: {', '.join(report.audio_fades)}" if report.audio_fades else ""))
     return 0
+
+
+__all__ = ["HELP", "add_arguments", "run"]

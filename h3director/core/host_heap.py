@@ -55,3 +55,6 @@ def release_free_heap() -> bool:
     if libc is None:
         return False
     return bool(libc.malloc_trim(0))
+
+
+__all__ = ["pin_mmap_threshold", "release_free_heap"]

@@ -23,7 +23,6 @@ from h3director.core.atomic_file import atomic_path
 from h3director.errors import InvalidInputError
 from h3director.units import MiB, format_size
 
-__all__ = ["MonitorReport", "PhaseSpan", "Sample", "plot_timeline"]
 
 @dataclass
 class Sample:
@@ -268,3 +267,6 @@ def _time_of_peak(report: MonitorReport, series: str, value: float, phase: str |
         if sample.values.get(series) == value and (phase is None or phase in sample.phases):
             return sample.t
     return report.samples[0].t if report.samples else 0.0
+
+
+__all__ = ["DPI", "FIGSIZE_IN", "MonitorReport", "PhaseSpan", "Sample", "plot_timeline"]

@@ -565,3 +565,6 @@ class SlotPool:
         reader = self._monitor_values  # one bound method: the monitor calls a shared reader once per sample
         for name, unit in _MONITOR_UNITS.items():
             monitor.add_series(name, reader, unit=unit)
+
+
+__all__ = ["MIDDLE", "OLD", "YOUNG", "CollectionReport", "Lease", "PoolStats", "SlotPool"]

@@ -44,3 +44,6 @@ def held_pools() -> dict[str, SlotPool]:
     """The pools built so far, by device (for stats and the monitor)."""
     with _lock:
         return {device: pool for device, (_, pool) in _pools.items()}
+
+
+__all__ = ["held_pools", "process_pool"]

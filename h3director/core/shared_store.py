@@ -382,3 +382,7 @@ class SharedTensorStore:
     def _log(self, action: str, key: str, owner: str | None) -> None:
         if self.debug:
             log.info("shared %s key=%s owner=%s thread=%s", action, key, owner, threading.current_thread().name)
+
+
+__all__ = ["SharedKeyConflictError", "SharedTensorMutatedError", "SharedTensorStore", "StoreStats",
+           "content_key"]

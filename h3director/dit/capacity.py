@@ -258,3 +258,6 @@ def _setting(plan: DiTMemoryPlan) -> str:
     if plan.query_chunks > 1:
         text += f", query_chunks {plan.query_chunks}"
     return text
+
+
+__all__ = ["CapacityCheck", "CapacityDecision", "cuda_process_cap", "device_have_bytes", "ledger_cost_model"]

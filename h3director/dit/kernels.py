@@ -637,3 +637,8 @@ def exactness_text(relies_on: tuple[str, ...] | list[str], found: CacheLookup | 
     threads = f", {key['threads']} threads" if key.get("threads") else ""
     return (f"exact (verified: {', '.join(needs)} at {shape} (row class {lo:,}-{hi:,}), {key.get('device_name')}, "
             f"torch {key.get('torch')}{threads}, {key.get('dtype')}, {found.path})")
+
+
+__all__ = ["H3_WIDTHS", "CacheLookup", "KernelReport", "KernelWidths", "PropertyResult", "VariantResult",
+           "exactness_text", "lookup", "lookup_for_model", "verified_for_model", "verified_properties",
+           "verify_kernels"]

@@ -172,3 +172,8 @@ def keep_verified(plan: DiTMemoryPlan, verified: set[str] | frozenset[str]) -> t
     if not notes:
         return plan, []
     return DiTMemoryPlan(head_chunks=head, ffn_chunks=ffn, query_chunks=query, lifetime=plan.lifetime), notes
+
+
+__all__ = ["ATTENTION_HEAD_GROUPS", "ATTENTION_QUERY_CHUNKS", "FFN_ROW_CHUNKS", "KERNEL_PROPERTIES",
+           "LIFETIME_ONLY", "QKV_COLUMN_GROUPS", "QUERY_ALIGN", "STOCK", "DiTMemoryPlan", "Exactness",
+           "escalation_ladder", "keep_verified"]

@@ -285,3 +285,6 @@ class PipelineHost:
                 torch.cuda.empty_cache()
         return {"status": status, "files": files, "peak_bytes": peak, "peak_series": series, "error": error,
                 "seconds": seconds}
+
+
+__all__ = ["MAX_FRAMES", "MIN_FRAMES", "DiffusersSpec", "PipelineHost", "parse_spec", "request"]

@@ -544,3 +544,7 @@ def apply_memory_plan(transformer: MiniMaxH3Transformer3DModel, head_chunks: int
     handle = DiTMemoryHandle(transformer, plan, mode, capacity)
     handle._install()
     return handle
+
+
+__all__ = ["DiTMemoryHandle", "H3DirectorAttnProcessor", "apply_memory_plan", "default_capacity",
+           "verified_kernel_properties"]

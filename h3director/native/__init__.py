@@ -23,17 +23,6 @@ from h3director.native import _common
 from h3director.native._arena import Arena, ArenaFullError, ArenaStats, Lease
 from h3director.native._loader import BACKEND_ENV, implementation
 
-__all__ = [
-    "Arena",
-    "ArenaFullError",
-    "ArenaStats",
-    "Lease",
-    "backend",
-    "dequantize",
-    "describe",
-    "implementation",
-    "pack_frames",
-]
 
 def describe() -> str:
     """One line for `h3director doctor`: the active backend and, for C, the library's path."""
@@ -136,3 +125,7 @@ def dequantize(
         flat = flat.view(np.uint16)  # the backends write bfloat16 as its 16 bits
     impl.dequantize(blocks, qt, flat, name, threads)
     return result
+
+
+__all__ = ["Arena", "ArenaFullError", "ArenaStats", "Lease", "backend", "dequantize", "describe",
+           "implementation", "pack_frames"]

@@ -153,7 +153,8 @@ BACKEND_ENV = "H3_NATIVE"  # "numpy" forces the fallback, "c" makes a missing li
 
 
 def implementation(name: str | None = None) -> ModuleType:
-    """The backend module for `name` ("c", "numpy", or None for the active one)."""
+    """The backend module for `name` ("c", "numpy", or None for the active one). `InvalidInputError` for
+    any other name, also from ``H3_NATIVE``."""
     wanted = name or os.environ.get(BACKEND_ENV, "").strip().lower() or None
     if wanted not in (None, "c", "numpy"):
         raise InvalidInputError(f"backend must be 'c' or 'numpy', got {wanted!r}")

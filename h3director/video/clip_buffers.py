@@ -114,3 +114,6 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
         return True
     current = torch.cuda.current_device() if torch.cuda.is_available() else 0
     return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
+
+
+__all__ = ["CARRIED", "CLIP", "BufferCounts", "ClipBuffers"]

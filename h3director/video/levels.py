@@ -93,3 +93,6 @@ def describe_buffers(report: DecodeReport) -> str:
     counts = report.buffers
     return (f"streaming decode: {counts.pool_leases} pool lease(s), {counts.pool_fallbacks} pool fallback(s), "
             f"{counts.unpooled} plain allocation(s), {counts.collections} collection(s) between clips")
+
+
+__all__ = ["REFERENCE_NOTE", "decode_for_level", "describe_buffers"]

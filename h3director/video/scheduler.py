@@ -293,3 +293,7 @@ def stream_decode(adapter: VideoDecoderAdapter, latents: torch.Tensor, sink: Fra
     if track_peak:
         report.peak_bytes = torch.cuda.max_memory_allocated(device) - base
     return report
+
+
+__all__ = ["AudioJob", "ClipRetry", "DecodeOutOfMemory", "DecodeReport", "ProgressCallback",
+           "check_decode_inputs", "stream_decode", "write_audio_job"]

@@ -14,8 +14,6 @@ from h3director.video.sinks.contract import StreamSpec
 from h3director.video.sinks.ordered import OrderedSink, require_single_video
 from h3director.video.sinks.pixels import uint8_pixels
 
-__all__ = ["DigestSink", "frame_digests"]
-
 
 def frame_digests(frames: torch.Tensor | np.ndarray, frame_axis: int) -> list[str]:
     """SHA-256 (hex) of each frame's bytes along `frame_axis` (C order, the tensor's own dtype), on the CPU.
@@ -65,3 +63,6 @@ class DigestSink(OrderedSink):
 
     def abort(self) -> None:
         self.raw_digests, self.uint8_digests, self.audio = [], [], None
+
+
+__all__ = ["DigestSink", "frame_digests"]

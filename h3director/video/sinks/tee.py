@@ -11,8 +11,6 @@ import torch
 from h3director.errors import InvalidInputError
 from h3director.video.sinks.contract import FrameSink, StreamSpec
 
-__all__ = ["TeeSink"]
-
 
 class TeeSink(FrameSink):
     """Forward every call to each sink in `sinks`, in order. Audio goes to those that take it.
@@ -66,3 +64,6 @@ class TeeSink(FrameSink):
     def abort(self) -> None:
         for sink in self.sinks:
             sink.abort()
+
+
+__all__ = ["TeeSink"]
