@@ -10,7 +10,8 @@ import pytest
 
 pytest.importorskip("av")
 
-from h3director.av.chain_clips import write_segment  # noqa: E402
+from chain_clips import write_segment  # noqa: E402
+
 from h3director.av.segment_audio import SampleReader  # noqa: E402
 from h3director.av.stitch import inspect_segment, stitch_files  # noqa: E402
 from h3director.av.stitch_check import compare_stitch  # noqa: E402
