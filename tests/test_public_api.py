@@ -38,14 +38,11 @@ SHARED_NAMES: dict[str, str] = {
     "main": "each `python -m` entry point (the CLI, the ops runner, the farm's server launcher, the native build)",
     "add_arguments": "the subcommand protocol `cli.py` calls on every `h3director.commands` module",
     "run": "the subcommand protocol `cli.py` calls on every `h3director.commands` module",
-    "DiTMemoryHandle": "issue 22 deliver 1: the ComfyUI and diffusers DiT adapters each define one (being merged)",
 }
 
 # Public names whose docstrings wait for the rewrite of their module by another branch of issue 22 (the DiT node
 # and guard, the shared store nodes, the farm). Remove an entry when its module is rewritten.
 PENDING_DOCSTRINGS: dict[str, set[str]] = {
-    "h3director.comfy.nodes_dit": {"DiTMemoryNode"},
-    "h3director.comfy.nodes_guard": {"MemoryGuardNode"},
     "h3director.comfy.nodes_shared": {"SharedRead", "SharedWrite"},
     "h3director.comfy.nodes_textcache": {"CachedTextEncode", "text_cache_stats"},
     "h3director.farm.ledger": {"JobRow"},

@@ -121,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
     `DecodeOutOfMemory`."""
     from h3director.core.atomic_file import check_output_path
     from h3director.core.config import load_config
+    from h3director.core.host_heap import pin_decode_threshold
     from h3director.errors import InvalidInputError
     from h3director.integrations.load_vae import audio_adapter_for, load_vae, video_adapter_for
     from h3director.units import format_size, parse_size
@@ -131,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     decode_settings = config.video_decode
+    pin_decode_threshold(config)           # this process is the director's own (see core/host_heap.py)
     out = check_output_path(args.out, tuple(FILE_SINK_KINDS), "--out")
     budget = parse_size(args.budget, binary_gb=True) if args.budget is not None else None
     crf = decode_settings.crf if args.crf is None else args.crf

@@ -114,6 +114,7 @@ def _run_phase(kind: str, frames: int, width: int, height: int, seed: int, video
 
     from h3director.commands import demo_stock
     from h3director.commands.demo_vaes import tiny_h3_audio_vae, tiny_h3_vae
+    from h3director.core.host_heap import pin_decode_threshold
     from h3director.geometry import (
         AUDIO_LATENT_CHANNELS,
         SPATIAL_RATIO,
@@ -144,6 +145,7 @@ def _run_phase(kind: str, frames: int, width: int, height: int, seed: int, video
     digest = DigestSink()
 
     def work():
+        pin_decode_threshold()             # this process is the director's own (see core/host_heap.py)
         sink = TeeSink([VideoFileSink(video_path, audio_sample_rate=audio_adapter.sample_rate), digest])
         stream_decode(video_adapter, latents, sink, audio=AudioJob(audio_adapter, audio_latents), tiles_per_call=1)
 

@@ -39,6 +39,7 @@ def add_arguments(parser) -> None:
 
 def _run_latents(args) -> int:
     from h3director.core.atomic_file import check_output_path
+    from h3director.core.host_heap import pin_decode_threshold
     from h3director.errors import InvalidInputError
     from h3director.integrations.load_vae import audio_adapter_for, load_vae, video_adapter_for
     from h3director.video.latent_file import read_latent_file
@@ -54,6 +55,7 @@ def _run_latents(args) -> int:
         raise InvalidInputError(f"--audio-vae given but {', '.join(missing)} hold(s) no 'audio_latents'")
     check_latent_chain([f.video for f in files], args.overlap)       # before any weights are loaded
     check_output_path(args.out, tuple(CONTAINER_FORMATS), "--out")
+    pin_decode_threshold()                 # this process is the director's own (see core/host_heap.py)
     video_adapter = video_adapter_for(load_vae(args.vae, "video", args.dtype, args.device))
     audio_adapter = audio_adapter_for(load_vae(args.audio_vae, "audio", args.dtype, args.device)) \
         if args.audio_vae else None
