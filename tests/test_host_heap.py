@@ -75,8 +75,8 @@ PROBE_CHILD = textwrap.dedent("""
 
 
 def _pinned_after(what: str) -> str:
-    tests = str(Path(__file__).resolve().parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
+    fixtures = str(Path(__file__).resolve().parents[1] / "fixtures")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([fixtures, os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-c", PROBE_CHILD, what], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout.strip().splitlines()[-1]
