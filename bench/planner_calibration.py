@@ -15,7 +15,7 @@ import sys
 import time
 from datetime import datetime, timezone
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "fixtures"))
 
 from _results import table, write_results  # noqa: E402
 from plan_calibration_cases import CASES  # noqa: E402

@@ -40,8 +40,8 @@ RESULTS = REPO / "bench" / "results"
 COMFY_DECODE_SOURCES = ("h3director/comfy/nodes_decode.py", "h3director/integrations/comfy_vae.py", "h3director/video",
                         "bench/comfy_decode_memory.py")
 # what the A/V accuracy bench measures: `measure_file` and what it reads with, and the clips it writes
-AVSYNC_SOURCES = tuple(f"h3director/av/{name}.py" for name in ("measure", "onsets", "envelopes", "media", "open_file",
-                                                                "synthetic")) + ("bench/avsync_accuracy.py",)
+AVSYNC_SOURCES = tuple(f"h3director/av/{name}.py" for name in ("measure", "onsets", "envelopes", "media", "open_file")
+                       ) + ("fixtures/synthetic_av.py", "bench/avsync_accuracy.py")
 DOCUMENTS = ("README.md", "docs/*.md")
 BLOCK = re.compile(r"(<!-- rendered: ([a-z0-9_]+(?:/[a-z0-9_]+)?) -->\n)(.*?)(<!-- /rendered -->)", re.S)
 
@@ -159,7 +159,7 @@ RENDERERS: dict[str, Renderer] = {
     "shared_read_copies": Renderer("shared_read_copies.json", ("h3director/core/shared_store.py",
                                                                "h3director/comfy/nodes_shared.py",
                                                                "bench/shared_read_copies.py"), _shared_read_copies),
-    "arena_staging": Renderer("arena_staging.json", ("h3director/native", "h3director/video/pixels.py",
+    "arena_staging": Renderer("arena_staging.json", ("h3director/native", "h3director/video/sinks/pixels.py",
                                                      "bench/arena_staging.py"), _arena_staging),
 }
 
