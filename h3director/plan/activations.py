@@ -693,16 +693,6 @@ class DiTCostModel:
         return block + self.forward_extra_bytes(rows, dtype)
 
 
-def comfy_cost_model(shape: DiTShape | None = None, attention: str = "flash") -> DiTCostModel:
-    """The cost model of ComfyUI's H3 DiT (`shape` default: the released model)."""
-    return DiTCostModel(shape or DiTShape(), "comfy", attention)
-
-
-def diffusers_cost_model(shape: DiTShape | None = None, attention: str = "flash") -> DiTCostModel:
-    """The cost model of diffusers' `MiniMaxH3Transformer3DModel` (`shape` default: the released model)."""
-    return DiTCostModel(shape or DiTShape(), "diffusers", attention)
-
-
 __all__ = ["QUERY_ALIGN", "BlockTier", "BlockTokenBytes", "DiTCostModel", "DiTShape", "PackedRows",
            "attention_call_bytes", "block_token_bytes", "check_backend", "dit_block_peak_bytes",
            "dit_block_section_peaks", "dit_forward_peak_bytes", "first_range_rows", "replay_math_attention"]

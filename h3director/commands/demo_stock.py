@@ -1,4 +1,5 @@
-"""The stock diffusers H3 decode path, step for step, as the baseline the director is compared with.
+"""The stock diffusers H3 decode path, step for step: the baseline `h3director demo` (and the decode bench) compares
+the director with.
 
 diffusers' modular H3 pipeline (`modular_pipelines/minimax_h3/decoders.py`) decodes video as
 
@@ -56,4 +57,4 @@ def stock_audio_decode(audio_vae, audio_latents: torch.Tensor) -> torch.Tensor:
     return audio.float().permute(1, 0, 2)
 
 
-__all__ = ["stock_audio_decode", "stock_uint8_frames", "stock_video_decode"]
+__all__ = ["stock_audio_decode", "stock_pixel_convention", "stock_uint8_frames", "stock_video_decode"]

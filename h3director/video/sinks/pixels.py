@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from h3director.video.sink import StreamSpec
+from h3director.video.sinks.contract import StreamSpec
 
 
 def _channel_constants(spec: StreamSpec, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from h3director.av.open_file import import_av
 from h3director.core.atomic_file import check_output_path, commit, remove_quietly, temporary_path
-from h3director.errors import InvalidInputError, missing_package
-from h3director.video.pixels import uint8_pixels
-from h3director.video.sink import StreamSpec
-from h3director.video.sinks_base import LONGEST_RUN_FRAMES, OrderedSink, require_single_video
+from h3director.errors import InvalidInputError
+from h3director.video.sinks.contract import StreamSpec
+from h3director.video.sinks.ordered import LONGEST_RUN_FRAMES, OrderedSink, require_single_video
+from h3director.video.sinks.pixels import uint8_pixels
 
 CONTAINER_FORMATS = {".mp4": "mp4", ".mov": "mov", ".mkv": "matroska"}
 AUDIO_LAYOUTS = {1: "mono", 2: "stereo"}
@@ -30,14 +31,6 @@ DEFAULT_LOOKAHEAD = 10
 # each about 8 bytes per pixel with its half-pel planes and lowres copies: the basis of `bytes_needed`.
 X264_FRAMES_HELD = 24
 X264_BYTES_PER_PIXEL = 8
-
-
-def _import_av():
-    try:
-        import av
-    except ImportError as exc:  # pragma: no cover - av is a declared dependency of the "video" extra
-        raise InvalidInputError(missing_package("VideoFileSink", "PyAV", "video")) from exc
-    return av
 
 
 class VideoFileSink(OrderedSink):
@@ -100,7 +93,7 @@ class VideoFileSink(OrderedSink):
                 f"VideoFileSink: yuv420p needs an even width and height, got {spec.width}x{spec.height}; "
                 "crop or pad the frames by one pixel, or use a .npy output"
             )
-        av = _import_av()
+        av = import_av()
         fps = Fraction(self.fps if self.fps is not None else spec.fps).limit_denominator(1001)
         if fps <= 0:
             raise InvalidInputError(f"VideoFileSink: fps must be > 0, got {float(fps)}")
@@ -166,7 +159,7 @@ class VideoFileSink(OrderedSink):
                 f"VideoFileSink: audio was declared as {self._audio.codec_context.sample_rate} Hz x "
                 f"{self._audio.codec_context.channels} channels, got {sample_rate} Hz x {channels}"
             )
-        av = _import_av()
+        av = import_av()
         planar = np.ascontiguousarray(samples[0].detach().to("cpu", torch.float32).clamp(-1, 1).numpy())
         frame = av.AudioFrame.from_ndarray(planar, format="fltp", layout=AUDIO_LAYOUTS[channels])
         frame.sample_rate, frame.pts = int(sample_rate), 0
@@ -175,7 +168,7 @@ class VideoFileSink(OrderedSink):
         self._audio_written = True
 
     def _store(self, start: int, frames: torch.Tensor) -> None:
-        av = _import_av()
+        av = import_av()
         spec = self.spec
         staging = None if self._buffers is None else self._buffers.staging_uint8(
             (frames.shape[2], spec.height, spec.width, spec.channels))

@@ -6,7 +6,7 @@ import torch
 
 from h3director.errors import InvalidInputError
 from h3director.geometry import CLIP_LENGTH, H3_TEMPORAL
-from h3director.video.sink import FrameSink, StreamSpec
+from h3director.video.sinks.contract import FrameSink, StreamSpec
 
 LONGEST_RUN_FRAMES = CLIP_LENGTH + H3_TEMPORAL.frame_overlap
 """Most frames an H3 decode hands a sink in one `write`: the last clip's body and its tail (22)."""

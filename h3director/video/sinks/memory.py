@@ -10,9 +10,9 @@ import numpy as np
 import torch
 
 from h3director.errors import InvalidInputError
-from h3director.video.pixels import uint8_pixels
-from h3director.video.sink import StreamSpec
-from h3director.video.sinks_base import BufferSink
+from h3director.video.sinks.contract import StreamSpec
+from h3director.video.sinks.ordered import BufferSink
+from h3director.video.sinks.pixels import uint8_pixels
 
 _TENSOR_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -48,7 +48,7 @@ class TensorSink(BufferSink):
 class Uint8FrameSink(BufferSink):
     """Display frames as uint8 `[B * F, H, W, 3]` (a numpy array; `[F, H, W, 3]` for one video).
 
-    Each frame is converted once, as it arrives, with the pixel conversion of `h3director.video.pixels`
+    Each frame is converted once, as it arrives, with the pixel conversion of `h3director.video.sinks.pixels`
     (de-normalise, clamp to [0, 1], * 255, round half to even): value for value what diffusers' H3
     pipeline returns as PIL/uint8 frames. Batch items are stacked frame-major per item, item 0 first
     (ComfyUI's IMAGE convention), so `result[b * F + f]` is frame f of batch item b.

@@ -1,4 +1,7 @@
-"""Small random-initialised configs of the REAL diffusers VAE classes, for tests, the demo and benches.
+"""The demo's models: small random-initialised configs of the REAL diffusers H3 VAE classes.
+
+`h3director demo` decodes with these (no download, under a minute on a CPU); the tests and the decode benches use
+the same builders (and `random_initialised` for other classes, e.g. the tests' Wan VAE in `fixtures/tiny_vaes.py`).
 
 Deterministic by seed (the global RNG is left untouched), fast on a CPU, in float32, in eval mode.
 What is kept from the released models, and what is shrunk:
@@ -10,8 +13,6 @@ What is kept from the released models, and what is shrunk:
   decoded as 2x3 tiles.
 - `tiny_h3_audio_vae`: `AutoencoderKLMiniMaxH3Audio` with the real hop (800), decoder rates,
   kernel sizes and dilations, hence the real receptive field; channels shrunk (decoder 128 wide).
-- `tiny_wan_vae`: `AutoencoderKLWan` (Wan 2.1 layout: causal 3D convs, time /4, space /8), base
-  width 8, one residual block per level, z_dim 4.
 
 diffusers initialises some parameters to zero (H3's layer scales and register tokens), which would
 make the decoder's attention a no-op; every all-zero floating parameter is re-drawn from a small
@@ -24,7 +25,7 @@ from __future__ import annotations
 import torch
 
 
-def _build(cls, seed: int, channels: int, zero_scale: float = 0.2, **config) -> torch.nn.Module:
+def random_initialised(cls, seed: int, channels: int, zero_scale: float = 0.2, **config) -> torch.nn.Module:
     """`cls(**config)` initialised from `seed` with seeded latents_mean/std of `channels` values and every
     all-zero floating parameter re-drawn from N(0, zero_scale^2); float32, eval mode, no grad."""
     generator = torch.Generator().manual_seed(seed)
@@ -44,7 +45,7 @@ def tiny_h3_vae(seed: int = 0):
     """A small `AutoencoderKLMiniMaxH3` (real temporal geometry, ViT decoder, default tiling)."""
     from diffusers import AutoencoderKLMiniMaxH3
 
-    return _build(AutoencoderKLMiniMaxH3, seed, 24, block_out_channels=(8, 8, 8, 8, 8, 8), layers_per_block=1,
+    return random_initialised(AutoencoderKLMiniMaxH3, seed, 24, block_out_channels=(8, 8, 8, 8, 8, 8), layers_per_block=1,
                   norm_num_groups=4, decoder_num_layers=2, decoder_num_attention_heads=2,
                   decoder_attention_head_dim=16, decoder_num_register_tokens=4, decoder_ffn_mult=2)
 
@@ -53,15 +54,8 @@ def tiny_h3_audio_vae(seed: int = 0):
     """A small `AutoencoderKLMiniMaxH3Audio` with the real rates, kernels and dilations."""
     from diffusers import AutoencoderKLMiniMaxH3Audio
 
-    return _build(AutoencoderKLMiniMaxH3Audio, seed, 32, encoder_dim=4, latent_dim=64, latent_channels=32,
+    return random_initialised(AutoencoderKLMiniMaxH3Audio, seed, 32, encoder_dim=4, latent_dim=64, latent_channels=32,
                   num_attention_heads=2, decoder_dim=128)
 
 
-def tiny_wan_vae(seed: int = 0):
-    """A small `AutoencoderKLWan` (Wan 2.1 layout, z_dim 4, time /4, space /8)."""
-    from diffusers import AutoencoderKLWan
-
-    return _build(AutoencoderKLWan, seed, 4, base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1)
-
-
-__all__ = ["tiny_h3_audio_vae", "tiny_h3_vae", "tiny_wan_vae"]
+__all__ = ["random_initialised", "tiny_h3_audio_vae", "tiny_h3_vae"]

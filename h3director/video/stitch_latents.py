@@ -27,6 +27,7 @@ import torch
 from h3director import geometry
 from h3director.av.timeline import check_chain, sample_at
 from h3director.errors import InvalidInputError
+from h3director.video.scheduler import AudioJob, stream_decode
 
 
 def check_latent_chain(videos: Sequence[torch.Tensor], overlap: int) -> tuple[int, ...]:
@@ -97,8 +98,6 @@ def decode_stitched(adapter, videos: Sequence[torch.Tensor], sink, *, audios: Se
 
     `adapter`/`audio_adapter` are the video and audio decoder adapters `stream_decode` takes; `decode_kwargs`
     go to `stream_decode` (budget, config, progress). Returns its `DecodeReport`."""
-    from h3director.video.scheduler import AudioJob, stream_decode
-
     if (audios is None) != (audio_adapter is None):
         raise InvalidInputError("audio latents and an audio adapter go together: give both or neither")
     video, audio = join_latents(videos, audios, overlap, fps)

@@ -26,9 +26,9 @@ from numpy.lib.format import open_memmap
 
 from h3director.core.atomic_file import atomic_path, check_output_path, commit, remove_quietly, temporary_path
 from h3director.errors import InvalidInputError
-from h3director.video.pixels import float_pixels, uint8_pixels
-from h3director.video.sink import StreamSpec
-from h3director.video.sinks_base import LONGEST_RUN_FRAMES, OrderedSink, require_single_video
+from h3director.video.sinks.contract import StreamSpec
+from h3director.video.sinks.ordered import LONGEST_RUN_FRAMES, OrderedSink, require_single_video
+from h3director.video.sinks.pixels import float_pixels, uint8_pixels
 
 PROGRESS_FORMAT = "h3director.memmap-progress"
 PROGRESS_VERSION = 1

@@ -1,13 +1,16 @@
-"""The concrete frame sinks, and the choice of one from an output path.
+"""Where decoded frames go: the contract, one module per sink, and the choice of a sink from an output path.
 
-| sink | result | host memory held |
-|---|---|---|
-| `TensorSink` | decoder output `[B, C, F, H, W]` (float32 bit-identical, or float16/bfloat16) | the whole tensor |
-| `Uint8FrameSink` | uint8 display frames `[B * F, H, W, 3]` (numpy) | the whole array (1/4 of float32) |
-| `MemmapSink` | `.npy` file, uint8 (or float32) `[F, H, W, 3]`, resumable | about one clip of frames |
-| `VideoFileSink` | H.264 yuv420p video file with AAC audio | about one clip + the encoder's frames in flight |
-| `TeeSink` | the results of several sinks fed by one decode | the sum of its sinks' |
-| `DigestSink` | SHA-256 per frame (decoder output and uint8 pixels), the audio | one run |
+`contract` holds what the scheduler calls (`FrameSink`, `StreamSpec`); `ordered` the in-order bookkeeping the
+concrete sinks share; `pixels` the one conversion of decoder output to display pixels. The sinks:
+
+| sink | module | result | host memory held |
+|---|---|---|---|
+| `TensorSink` | `memory` | decoder output `[B, C, F, H, W]` (float32 bit-identical, or float16/bfloat16) | the whole tensor |
+| `Uint8FrameSink` | `memory` | uint8 display frames `[B * F, H, W, 3]` (numpy) | the whole array (1/4 of float32) |
+| `MemmapSink` | `memmap` | `.npy` file, uint8 (or float32) `[F, H, W, 3]`, resumable | about one clip of frames |
+| `VideoFileSink` | `video_file` | H.264 yuv420p video file with AAC audio | one clip + the encoder's frames in flight |
+| `TeeSink` | `tee` | the results of several sinks fed by one decode | the sum of its sinks' |
+| `DigestSink` | `digest` | SHA-256 per frame (decoder output and uint8 pixels), the audio | one run |
 
 Each documents its exact cost in `bytes_needed(spec)`. File sinks take one video (batch 1) and write
 atomically: temporary name in the destination folder, renamed in `finish()`.
@@ -19,11 +22,12 @@ import os
 from pathlib import Path
 
 from h3director.errors import InvalidInputError
-from h3director.video.sink import FrameSink, StreamSpec
-from h3director.video.sinks_compose import DigestSink, TeeSink
-from h3director.video.sinks_memmap import MemmapSink
-from h3director.video.sinks_memory import TensorSink, Uint8FrameSink
-from h3director.video.sinks_video import CONTAINER_FORMATS, VideoFileSink
+from h3director.video.sinks.contract import FrameSink, StreamSpec
+from h3director.video.sinks.digest import DigestSink
+from h3director.video.sinks.memmap import MemmapSink
+from h3director.video.sinks.memory import TensorSink, Uint8FrameSink
+from h3director.video.sinks.tee import TeeSink
+from h3director.video.sinks.video_file import CONTAINER_FORMATS, VideoFileSink
 
 __all__ = [
     "FrameSink", "StreamSpec", "TensorSink", "Uint8FrameSink", "MemmapSink", "VideoFileSink",
