@@ -60,10 +60,11 @@ log = logging.getLogger(__name__)
 DTYPES = ("bf16", "fp16", "fp32")
 DEFAULT_ROWS = {"cpu": 1024, "cuda": 8192, "mps": 4096}
 """Rows checked when the caller gives none: modest on a CPU, closer to a real sequence on a GPU."""
-DEFAULT_ROW_CHUNKS = (2, 3, 8, 16)
+DEFAULT_ROW_CHUNKS = tuple(range(2, 17))
 DEFAULT_QUERY_CHUNKS = (2, 3, 8)
 """Counts checked besides the escalation ladder's own (`ladder_counts`): a verification holds only for the split
-counts it checked (GEMM kernels are chosen by shape: 8 FFN row chunks bit-identical says nothing of 112)."""
+counts it checked (GEMM kernels are chosen by shape: 8 FFN row chunks bit-identical says nothing of 112), so every
+FFN row-chunk count a node is likely to be set to (2 to 16) is checked."""
 LEGACY_ROW_CHUNKS = (2, 3, 8, 16)
 LEGACY_QUERY_CHUNKS = (2, 3, 8)
 """What a cache entry written before entries recorded their split counts was checked at (the defaults then;
@@ -133,12 +134,17 @@ class PropertyResult:
     variants: list[VariantResult]
     shapes: dict[str, list[int]]
     seconds: float
+    aliases: dict[int, int] = field(default_factory=dict)
 
     def counts(self) -> dict[str, list[int]]:
-        """{"passed": split counts whose every variant was bit-identical, "failed": the others}."""
-        failed = sorted({v.count for v in self.variants if v.count is not None and not v.equal})
-        passed = sorted({v.count for v in self.variants if v.count is not None} - set(failed))
-        return {"passed": passed, "failed": failed}
+        """{"passed": split counts whose every variant was bit-identical, "failed": the others}; a count in
+        `aliases` (it cuts the checked rows into the same ranges as the count it maps to, which was checked)
+        shares that count's verdict."""
+        failed = {v.count for v in self.variants if v.count is not None and not v.equal}
+        passed = {v.count for v in self.variants if v.count is not None} - failed
+        for alias, checked in self.aliases.items():
+            (failed if checked in failed else passed if checked in passed else set()).add(alias)
+        return {"passed": sorted(passed), "failed": sorted(failed)}
 
     @property
     def max_abs_diff(self) -> float | None:
@@ -310,6 +316,22 @@ def _distinct_splits(rows: int, counts: tuple[int, ...], align: int) -> list[int
             seen.add(ranges)
             kept.append(count)
     return kept
+
+
+def _same_ranges(rows: int, counts: tuple[int, ...], align: int) -> dict[int, int]:
+    """{count: the earlier count of ``counts`` that cuts ``rows`` (aligned to ``align``) into the same ranges}:
+    the counts `_distinct_splits` leaves out, each with the one checked in its place."""
+    seen: dict[tuple, int] = {}
+    aliases = {}
+    for count in counts:
+        ranges = tuple(row_ranges(rows, count, align)) if count <= rows else ()
+        if len(ranges) < 2:
+            continue
+        if ranges in seen:
+            aliases[count] = seen[ranges]
+        else:
+            seen[ranges] = count
+    return aliases
 
 
 def _row_chunked(linear: Linear, x, weight, chunks: int, out) -> int:
@@ -522,8 +544,11 @@ def verify_kernels(device: Any = None, dtype: Any = "bf16", rows: int | None = N
             seconds: list[float] = []
             with _timer(device, seconds):
                 variants, shapes = checks[name](inputs)
+            aliases = {FFN_ROW_CHUNKS: lambda: _same_ranges(rows, row_chunks, 1),
+                       ATTENTION_QUERY_CHUNKS: lambda: _same_ranges(rows, query_chunks, QUERY_ALIGN)}
             results[name] = PropertyResult(name, bool(variants) and all(v.equal for v in variants),
-                                           variants, shapes, seconds[0])
+                                           variants, shapes, seconds[0],
+                                           aliases[name]() if name in aliases else {})
             del inputs
     report = KernelReport(device, dtype_name, rows, widths, seed, key, results,
                           datetime.now(timezone.utc).isoformat(timespec="seconds"))
