@@ -386,3 +386,15 @@ def test_the_default_verification_checks_every_count_of_the_escalation_ladder():
     report = verify_kernels("cpu", "fp32", ROWS, widths=SMALL, properties=(FFN_ROW_CHUNKS,))
     ladder_ffn, _ = kernels.ladder_counts(SMALL.heads)
     assert set(ladder_ffn) <= set(report.results[FFN_ROW_CHUNKS].counts()["passed"])
+
+
+def test_exactness_text_takes_a_lookup_with_a_bare_set_of_names():
+    """A `CacheLookup` from another reader (verified: a plain frozenset) holds for any count."""
+    from h3director.dit.tiers import DiTMemoryPlan
+
+    key = dict.fromkeys(kernel_cache.KEY_FIELDS, None) | {"device_name": "cpu: test", "dtype": "bf16"}
+    entry = {"key": key, "rows": 1024, "widths": {"hidden": 64, "heads": 4, "head_dim": 16, "ffn": 96},
+             "verified": [FFN_ROW_CHUNKS], "failed": [], "results": {}}
+    found = kernels.CacheLookup(frozenset({FFN_ROW_CHUNKS}), key, "cache.json", entry, None, 1024)
+    plan = DiTMemoryPlan(ffn_chunks=40)
+    assert kernels.exactness_text(plan.relies_on, found, plan.splits).startswith("exact (verified: ffn_row_chunks")

@@ -715,8 +715,9 @@ def exactness_text(relies_on: tuple[str, ...] | list[str], found: CacheLookup | 
         missing = [name for name in needs if name not in entry["verified"]]
     else:
         verified = found.verified if found is not None else Verified()
+        counts = getattr(verified, "counts", {})    # a bare set of names (another reader): any count
         covered = {name for name in needs if name in verified
-                   and (name not in verified.counts or splits.get(name) in verified.counts[name])}
+                   and (name not in counts or splits.get(name) in counts[name])}
 
         def measured_failing(name: str) -> bool:
             recorded = (results.get(name) or {}).get("counts")
