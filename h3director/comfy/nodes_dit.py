@@ -36,6 +36,9 @@ def install_summary(handle, device, dtype, widths=None) -> str:
         if handle.mode == "exact only":
             lines.append("'exact only' runs a technique only where verify-kernels verified it for the forward's "
                          "row class on this device; otherwise that part keeps the stock op (logged)")
+    if handle.quantised:
+        lines.append("quantised layers (per block):")
+        lines.extend(f"  {line}" for line in handle.quantised)
     lines.append("the tier each forward runs is logged as 'H3 Director DiT memory: ...'")
     return "\n".join(lines)
 
