@@ -57,13 +57,14 @@ class CapacityDecision:
 
 
 def ledger_cost_model(shape: DiTShape | None = None, framework: str = "diffusers", attention: str = "flash",
-                      device: Any = None) -> DiTCostModel:
+                      device: Any = None, linears: Any = None) -> DiTCostModel:
     """A cost model from the planner's ledgers for `framework` ("diffusers" or "comfy"); `shape` default:
     the released H3 DiT. Norms are priced fused (one output each) except for diffusers on the CPU: there
     PyTorch's `rms_norm` is composite (float32 temporaries) under `torch.no_grad()`, which diffusers
-    pipelines use, and fused under `torch.inference_mode()`, which ComfyUI's executor uses."""
+    pipelines use, and fused under `torch.inference_mode()`, which ComfyUI's executor uses. `linears`: the
+    blocks' quantised linears as the tiers run them (`plan.quantised_bytes.BlockLinears`, ComfyUI)."""
     fused = device is None or _kind(device) != "cpu" or framework == "comfy"
-    return DiTCostModel(shape or DiTShape(), framework, attention, fused_norms=fused)
+    return DiTCostModel(shape or DiTShape(), framework, attention, fused_norms=fused, linears=linears)
 
 
 def _kind(device: Any) -> str:

@@ -483,9 +483,11 @@ def attention_ledger_kind(transformer_options: dict) -> str:
 def default_capacity(diffusion_model, device, budget_bytes, transformer_options: dict):
     """The planner-ledger capacity check for this model and device (`h3director.dit.capacity`)."""
     from h3director.dit.capacity import CapacityCheck, ledger_cost_model
+    from h3director.integrations.comfy_quant import block_linears
 
     cost = ledger_cost_model(comfy_shape(diffusion_model), framework="comfy",
-                             attention=attention_ledger_kind(transformer_options), device=device)
+                             attention=attention_ledger_kind(transformer_options), device=device,
+                             linears=block_linears(diffusion_model.blocks[0], device))
     return CapacityCheck(cost, device, budget_bytes=budget_bytes)
 
 

@@ -290,6 +290,32 @@ def block_decisions(block) -> list[str]:
     return lines
 
 
-__all__ = ["ROWS", "WEIGHT_ROWS", "QuantWeights", "block_decisions", "check_head_groups", "check_model_head_groups",
+
+def block_linears(block, device):
+    """`h3director.plan.quantised_bytes.BlockLinears` of ComfyUI H3 `DiTBlock` `block` run on `device`: which
+    of its linears are quantised (GGUF layers of this project's loader included), what each call makes, and
+    whether the tiers slice qkv and chunk the FFN (None when no linear is quantised)."""
+    from h3director.plan.dtypes import dtype_bytes
+    from h3director.plan.quantised_bytes import BlockLinears, call_for
+
+    def call(layer, use, act=False):
+        if getattr(layer, "gguf_qtype", None) is not None:
+            return call_for("GGUF", EMULATED, 2), True
+        if not is_quantised(layer) or getattr(layer, "weight", None) is None:
+            return None, True
+        kind, _, _ = classify(layer, use, act)
+        e = dtype_bytes(getattr(getattr(layer.weight, "_params", None), "orig_dtype", None) or "bf16")
+        return call_for(layout_of(layer), kernel_path(layer, act), e), kind == "quant"
+
+    qkv, sliced = call(block.attn.qkv_proj, WEIGHT_ROWS)
+    fc1, rows1 = call(block.mlp.fc1, ROWS)
+    fc2, rows2 = call(block.mlp.fc2, ROWS, True)
+    if qkv is None and fc1 is None and fc2 is None:
+        return None
+    return BlockLinears(qkv=qkv, fc1=fc1, fc2=fc2, qkv_sliced=sliced, ffn_chunked=rows1 and rows2,
+                        device=str(device).partition(":")[0])
+
+
+__all__ = ["ROWS", "WEIGHT_ROWS", "QuantWeights", "block_decisions", "block_linears", "check_head_groups", "check_model_head_groups",
            "classify",
            "is_quantised", "kernel_mode", "kernel_path", "layout_of", "report_line", "slice_rows"]
