@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class LinearCall:
+    """What one quantised linear call makes beyond its output (fields: see the module docstring)."""
+
     input_copy: float = 0.0
     input_float_copy: bool = False
     cpu_accumulator: bool = False
