@@ -170,8 +170,11 @@ def check_weight_row_groups(layout: str, path: str, heads: int, head_dim: int, h
 def describe(layer: str, rule: LayoutRule, use: str) -> str:
     """One report line for a chunked quantised layer."""
     how = "input rows chunked" if use == ROWS else "weight rows sliced per head group"
+    exactness = rule.exactness(use).value
+    if rule.path == NATIVE and rule.exactness(use) == Exactness.WHERE_VERIFIED:
+        exactness += ": verify-kernels checks float GEMMs, not this kernel; see bench/dit_quantised_exactness.py"
     return (f"{layer} [{rule.layout}, {rule.path} kernel, activations {rule.activation}]: {how} through the "
-            f"layout's own op ({rule.exactness(use).value})")
+            f"layout's own op ({exactness})")
 
 
 __all__ = ["EMULATED", "LAYOUTS", "NATIVE", "PATHS", "ROWS", "SWIZZLE_ROWS", "WEIGHT_ROWS", "LayoutRule",
