@@ -193,8 +193,12 @@ class QuantWeights:
         self.weight, self.bias, self.stream = cast
         if self.mode == "weight_only":
             self.weight = self.weight.to(dtype=dtype)
+        # The forward decides to quantise its input before the cast; the cast may still hand back a
+        # dequantised weight (Dynamic VRAM on the CPU always does), and then `F.linear(qx, weight)` reaches the
+        # layout op with a quantised input, which dequantises it: the input stays quantised here too.
+        self.quantise_input = self.mode == "input_quant"
         if not isinstance(self.weight, quant_ops.QuantizedTensor):
-            self.mode = "dense"                       # the cast dequantised it (a LoRA weight function)
+            self.mode = "dense"                       # the cast dequantised it (a LoRA weight function, ...)
 
     def prepare(self, x):
         """The layer's input transform for `x` (whole or a row chunk): `pre_quant_scale`, and the input
@@ -205,7 +209,7 @@ class QuantWeights:
         pre = getattr(self.layer, "pre_quant_scale", None)
         if pre is not None:
             x = x * mm.cast_to_device(pre, x.device, x.dtype)
-        if self.mode == "input_quant":
+        if self.quantise_input:
             scale = getattr(self.layer, "input_scale", None)
             if scale is not None:
                 scale = mm.cast_to_device(scale, x.device, None)
