@@ -6,7 +6,10 @@ A rendered block in a document is everything between two markers:
     ...
     <!-- /rendered -->
 
-NAME is one of `RENDERERS`: it reads its results file and returns the block's text. Nobody edits a block by hand.
+NAME is one of `RENDERERS` (it reads its results file and returns the block's text), or `BENCH/KEY` for a bench
+whose results file `bench/results/BENCH.json` holds `tables` or `figures` (bench/_results.py `table`): KEY names
+a table (rendered as a markdown table, its note, and where the numbers come from) or a figure (its text, one
+line, for a sentence of the document). Nobody edits a block by hand.
 
     python scripts/render_docs.py           rewrite every block from its results file
     python scripts/render_docs.py --check   change nothing; exit 1 naming every block that differs from its
@@ -35,17 +38,22 @@ RESULTS = REPO / "bench" / "results"
 COMFY_DECODE_SOURCES = ("h3director/comfy/nodes_decode.py", "h3director/integrations/comfy_vae.py", "h3director/video",
                         "bench/comfy_decode_memory.py")
 DOCUMENTS = ("README.md", "docs/*.md")
-BLOCK = re.compile(r"(<!-- rendered: ([a-z0-9_]+) -->\n)(.*?)(<!-- /rendered -->)", re.S)
+BLOCK = re.compile(r"(<!-- rendered: ([a-z0-9_]+(?:/[a-z0-9_]+)?) -->\n)(.*?)(<!-- /rendered -->)", re.S)
 
 
 @dataclass(frozen=True)
 class Renderer:
     """`results`: the file under bench/results/; `sources`: the paths (files or folders) whose code produced it;
-    `render`: the results' JSON -> the block's text (without the markers, ending with a newline)."""
+    `render`: the results' JSON -> the block's text (without the markers, ending with a newline). A renderer
+    without `sources` reads them from the results file (`write_results(..., sources=)`)."""
 
     results: str
-    sources: tuple[str, ...]
+    sources: tuple[str, ...] | None
     render: Callable[[dict], str]
+
+    def sources_of(self, data: dict) -> tuple[str, ...]:
+        """The paths whose later change makes `data` stale."""
+        return self.sources if self.sources is not None else tuple(data.get("sources") or ())
 
 
 def _bench_module(name: str):
@@ -103,6 +111,42 @@ def _comfy_decode_memory_ratio(data: dict) -> str:
             "own process with the high-water mark reset before the decode)\n")
 
 
+def _generic(key: str) -> Callable[[dict], str]:
+    """The block of table or figure `key` of a results file (see the module docstring)."""
+    def render(data: dict) -> str:
+        if key in (data.get("figures") or {}):
+            return str(data["figures"][key]).rstrip("\n") + "\n"
+        found = (data.get("tables") or {}).get(key)
+        if found is None:
+            known = sorted({*(data.get("tables") or {}), *(data.get("figures") or {})})
+            raise KeyError(f"no table or figure {key!r} in bench/results/{data['bench']}.json (has: {', '.join(known)})")
+        lines = ["| " + " | ".join(found["columns"]) + " |", "|" + "---|" * len(found["columns"])]
+        lines += ["| " + " | ".join(row) + " |" for row in found["rows"]]
+        if found.get("note"):
+            lines += ["", found["note"]]
+        return "\n".join(lines) + "\n\n" + _provenance(data)
+    return render
+
+
+def renderer_for(name: str) -> Renderer | None:
+    """The renderer of block `name`: a named one, or the generic one of `BENCH/KEY`; None when neither."""
+    if name in RENDERERS:
+        return RENDERERS[name]
+    if "/" in name:
+        bench, key = name.split("/", 1)
+        return Renderer(f"{bench}.json", None, _generic(key))
+    return None
+
+
+def _shared_read_copies(data: dict) -> str:
+    return _bench_module("shared_read_copies").markdown(data["rows"], data["arguments"]) + "\n\n" + _provenance(data)
+
+
+def _arena_staging(data: dict) -> str:
+    return (_bench_module("arena_staging").markdown(data["rows"], data["arguments"]) + "\n\n  "
+            + _provenance(data))
+
+
 def _dit_quantised_cell(record: dict) -> str:
     if record["decision"] != "chunk":
         return f"kept stock: {record['reason']}"
@@ -143,6 +187,11 @@ RENDERERS: dict[str, Renderer] = {
                                 _avsync_accuracy),
     "comfy_decode_memory": Renderer("comfy_decode_memory.json", COMFY_DECODE_SOURCES, _comfy_decode_memory),
     "comfy_decode_memory_ratio": Renderer("comfy_decode_memory.json", COMFY_DECODE_SOURCES, _comfy_decode_memory_ratio),
+    "shared_read_copies": Renderer("shared_read_copies.json", ("h3director/core/shared_store.py",
+                                                               "h3director/comfy/nodes_shared.py",
+                                                               "bench/shared_read_copies.py"), _shared_read_copies),
+    "arena_staging": Renderer("arena_staging.json", ("h3director/native", "h3director/video/pixels.py",
+                                                     "bench/arena_staging.py"), _arena_staging),
     "dit_quantised_exactness": Renderer("dit_quantised_exactness.json", DIT_QUANTISED_SOURCES,
                                         _dit_quantised_exactness),
 }
@@ -163,7 +212,8 @@ def _git(*args: str) -> subprocess.CompletedProcess:
 def staleness(name: str, data: dict) -> str | None:
     """Why the results of renderer `name` are older than the code they describe, or None when they are not (or
     when the history needed to tell is missing: a shallow clone)."""
-    renderer = RENDERERS[name]
+    renderer = renderer_for(name)
+    sources = renderer.sources_of(data)
     code = data.get("code") or {}
     if code.get("dirty"):
         return f"{renderer.results} was produced with uncommitted changes: rerun it on committed code"
@@ -172,12 +222,14 @@ def staleness(name: str, data: dict) -> str | None:
         return None
     if not commit:
         return f"{renderer.results} names no commit"
-    last = _git("log", "-1", "--format=%H", "--", *renderer.sources).stdout.strip()
+    if not sources:
+        return f"{renderer.results} names no sources (write_results(..., sources=))"
+    last = _git("log", "-1", "--format=%H", "--", *sources).stdout.strip()
     if not last:                                   # the sources have no commit yet: nothing to compare
         return None
     if _git("merge-base", "--is-ancestor", last, commit).returncode != 0:
         return (f"{renderer.results} comes from commit {commit[:10]}, but {last[:10]} changed "
-                f"{', '.join(renderer.sources)} after it: rerun the bench")
+                f"{', '.join(sources)} after it: rerun the bench")
     return None
 
 
@@ -191,21 +243,26 @@ def render_all(check: bool) -> list[str]:
         def replace(match: re.Match, path: Path = path) -> str:
             name = match.group(2)
             where = f"{path.relative_to(REPO)}: block {name!r}"
-            if name not in RENDERERS:
-                problems.append(f"{where}: no renderer of that name (known: {', '.join(RENDERERS)})")
+            renderer = renderer_for(name)
+            if renderer is None:
+                problems.append(f"{where}: no renderer of that name (known: {', '.join(RENDERERS)}, or BENCH/KEY)")
                 return match.group(0)
             if name not in loaded:
-                results = RESULTS / RENDERERS[name].results
+                results = RESULTS / renderer.results
                 loaded[name] = json.loads(results.read_text()) if results.is_file() else None
                 if loaded[name] is None:
-                    problems.append(f"{where}: bench/results/{RENDERERS[name].results} is missing")
+                    problems.append(f"{where}: bench/results/{renderer.results} is missing")
                 elif (stale := staleness(name, loaded[name])) is not None:
                     problems.append(f"{where}: {stale}")
             if loaded[name] is None:
                 return match.group(0)
-            body = RENDERERS[name].render(loaded[name])
+            try:
+                body = renderer.render(loaded[name])
+            except KeyError as missing:
+                problems.append(f"{where}: {missing.args[0]}")
+                return match.group(0)
             if check and body != match.group(3):
-                problems.append(f"{where}: differs from bench/results/{RENDERERS[name].results} "
+                problems.append(f"{where}: differs from bench/results/{renderer.results} "
                                 "(run scripts/render_docs.py)")
             return match.group(1) + body + match.group(4)
 

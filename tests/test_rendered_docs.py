@@ -59,3 +59,39 @@ def test_the_check_names_a_block_edited_by_hand_and_a_missing_results_file(tmp_p
                for p in problems), problems
     assert render_docs.render_all(check=False) == [p for p in problems if "missing" in p]
     assert (docs / "PLANNER.md").read_text() == text                  # rendering puts the figure back
+
+
+def test_a_generic_block_renders_a_benchs_table_and_figure_and_names_an_unknown_key(tmp_path, monkeypatch):
+    import render_docs
+    from _results import table
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "X.md").write_text("before\n<!-- rendered: toy/speed -->\nold\n<!-- /rendered -->\n"
+                               "<!-- rendered: toy/headline -->\n\n<!-- /rendered -->\n"
+                               "<!-- rendered: toy/absent -->\n\n<!-- /rendered -->\n")
+    results = tmp_path / "results"
+    results.mkdir()
+    record = {"bench": "toy", "code": {"commit": "0" * 40, "dirty": False}, "machine": {"cpus": 2},
+              "date": "2026-12-01", "sources": ["bench/toy.py"],
+              "tables": {"speed": table(["size", "ratio"], [["1 MiB", "2.5x"], ["8 MiB", 3.25]], note="vs stock")},
+              "figures": {"headline": "3.2x faster at 8 MiB"}}
+    (results / "toy.json").write_text(json.dumps(record))
+    monkeypatch.setattr(render_docs, "REPO", tmp_path)
+    monkeypatch.setattr(render_docs, "RESULTS", results)
+    monkeypatch.setattr(render_docs, "DOCUMENTS", ("docs/*.md",))
+    monkeypatch.setattr(render_docs, "staleness", lambda name, data: None)
+    problems = render_docs.render_all(check=False)
+    assert problems == ["docs/X.md: block 'toy/absent': no table or figure 'absent' in bench/results/toy.json "
+                        "(has: headline, speed)"]
+    text = (docs / "X.md").read_text()
+    assert "| size | ratio |\n|---|---|\n| 1 MiB | 2.5x |\n| 8 MiB | 3.25 |\n\nvs stock\n\nResults: `bench/results/toy.json`" in text
+    assert "<!-- rendered: toy/headline -->\n3.2x faster at 8 MiB\n<!-- /rendered -->" in text
+    assert render_docs.render_all(check=True) == problems
+
+
+def test_a_table_with_a_short_row_is_refused():
+    from _results import table
+
+    with pytest.raises(ValueError, match="every row needs 2 cells"):
+        table(["a", "b"], [["1"]])
