@@ -167,7 +167,7 @@ def check_weight_row_groups(layout: str, path: str, heads: int, head_dim: int, h
             f"multiple of {rule.row_group}")
 
 
-def describe(layer: str, rule: LayoutRule, use: str) -> str:
+def report_text(layer: str, rule: LayoutRule, use: str) -> str:
     """One report line for a chunked quantised layer."""
     how = "input rows chunked" if use == ROWS else "weight rows sliced per head group"
     exactness = rule.exactness(use).value
@@ -178,4 +178,4 @@ def describe(layer: str, rule: LayoutRule, use: str) -> str:
 
 
 __all__ = ["EMULATED", "LAYOUTS", "NATIVE", "PATHS", "ROWS", "SWIZZLE_ROWS", "WEIGHT_ROWS", "LayoutRule",
-           "check_weight_row_groups", "decide", "describe", "rule_for"]
+           "check_weight_row_groups", "decide", "report_text", "rule_for"]

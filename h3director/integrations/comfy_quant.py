@@ -259,10 +259,10 @@ class QuantWeights:
 def report_line(layer, name: str, use: str, for_act: bool = False) -> str:
     """The run report's line for quantised layer `name` chunked for `use` (its layout, kernel path,
     activation quantisation and exactness class)."""
-    from h3director.dit.quantised import describe
+    from h3director.dit.quantised import report_text
 
     _, _, rule = classify(layer, use, for_act)
-    return describe(name, rule, use)
+    return report_text(name, rule, use)
 
 
 def check_model_head_groups(blocks, head_chunks: int) -> None:
