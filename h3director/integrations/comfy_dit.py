@@ -131,9 +131,13 @@ class _Weights:
 
         return F.linear(x, *((self.weight, self.bias) if start is None else self.rows(start, stop)))
 
-    def linear_swiglu(self, h, swiglu, start: int, stop: int, total: int):
-        """fc2 of SwiGLU(`h`), `h` being fc1's output rows `start:stop` of `total`."""
-        return self.linear(swiglu_rows(swiglu, h, start, stop, total))
+    def act_input(self, h, swiglu, start: int, stop: int, total: int):
+        """fc2's input from fc1's output rows `start:stop` of `total`: SwiGLU(`h`) (`blocks.swiglu_rows`)."""
+        return swiglu_rows(swiglu, h, start, stop, total)
+
+    def linear_act(self, x):
+        """fc2 of what `act_input` returned."""
+        return self.linear(x)
 
     def release(self) -> None:
         if self.stream is not None:
@@ -314,7 +318,8 @@ def _ffn(block, plan: DiTMemoryPlan, x, terms: list, segments, kept: set[str],
             terms[0] = terms[1] = None
         t = w1.linear(t) if w1 is not None else mlp.fc1(t)
         if w2 is not None:
-            t = w2.linear_swiglu(t, swiglu, a, b, x.shape[0])
+            t = w2.act_input(t, swiglu, a, b, x.shape[0])     # fc1's output dies here, before fc2 runs
+            t = w2.linear_act(t)
         else:
             t = ops.linear_input_act(mlp.fc2, t, "swiglu")
         h3._mod_gate(xs, terms[2], t, segs)

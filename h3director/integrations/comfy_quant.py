@@ -230,13 +230,28 @@ class QuantWeights:
             return self._int8(x, weight, bias, None)
         return F.linear(x, weight, bias)
 
-    def linear_swiglu(self, h, swiglu, start: int, stop: int, total: int):
-        """`linear_input_act(layer, h, "swiglu")` for fc1 output rows `start:stop` of `total`."""
+    def _fused_act(self, x) -> bool:
+        """fc2's SwiGLU runs inside the int8 kernel's quantiser (off the CPU, as `linear_input_act` runs it)."""
+        return self.mode == "int8_act" and x.device.type != "cpu"
+
+    def act_input(self, h, swiglu, start: int, stop: int, total: int):
+        """fc2's input from fc1's output rows `start:stop` of `total`: `h` itself where the kernel folds the
+        SwiGLU in, else SwiGLU(`h`) with the stock call's CPU thread cuts (`blocks.swiglu_rows`, what the eager
+        kernel computes over all rows)."""
         from h3director.dit.blocks import swiglu_rows
 
-        if self.mode == "int8_act" and h.device.type != "cpu":
-            return self._int8(h, self.weight, self.bias, "swiglu")   # the fused quantiser, as the stock call
-        return self.linear(swiglu_rows(swiglu, h, start, stop, total))
+        return h if self._fused_act(h) else swiglu_rows(swiglu, h, start, stop, total)
+
+    def linear_act(self, x):
+        """`linear_input_act(layer, h, "swiglu")` given `act_input`'s result."""
+        if self._fused_act(x):
+            return self._int8(x, self.weight, self.bias, "swiglu")   # the fused quantiser, as the stock call
+        return self.linear(x)
+
+    def linear_swiglu(self, h, swiglu, start: int, stop: int, total: int):
+        """`linear_input_act(layer, h, "swiglu")` for fc1 output rows `start:stop` of `total` (`act_input`
+        then `linear_act`; `h` stays alive through fc2: the block runs the two steps)."""
+        return self.linear_act(self.act_input(h, swiglu, start, stop, total))
 
     @staticmethod
     def _int8(x, weight, bias, act):

@@ -461,7 +461,9 @@ def run_checks(root: str) -> dict:
             return real_uncast(*args, **kwargs)
 
         def linear(x, weight, bias=None):
-            if fail.get("linear") == sys._getframe(1).f_code.co_name and ours():
+            # the comfy_dit function that asked for it: the caller, or the caller of the weights' `linear`
+            callers = {sys._getframe(1).f_code.co_name, sys._getframe(2).f_code.co_name}
+            if fail.get("linear") in callers and ours():
                 fail.clear()
                 raise RuntimeError("simulated out of memory in a projection")
             return real_linear(x, weight, bias)
