@@ -148,6 +148,37 @@ def _arena_staging(data: dict) -> str:
             + _provenance(data))
 
 
+def _dit_quantised_cell(record: dict) -> str:
+    if record["decision"] != "chunk":
+        return f"kept stock: {record['reason']}"
+    measured = list(record["measured"].values())
+    equal = sum(m["equal"] for m in measured)
+    if equal == len(measured):
+        return f"{record['exactness']}; equal in all {len(measured)}"
+    worst = max(m["max_abs_diff"] for m in measured)
+    return f"{record['exactness']}; UNEQUAL in {len(measured) - equal} of {len(measured)} (max difference {worst:.3g})"
+
+
+def _dit_quantised_exactness(data: dict) -> str:
+    args = data["arguments"]
+    lines = [f"One real ComfyUI quantised `Linear` per row ({args['out_features']} x {args['in_features']} weight, "
+             f"{args['rows']} input rows, {args['dtype']}, {args['device']}, {args['threads']} threads), each chunked "
+             "use `torch.equal` to the whole call (counts: row chunk counts, weight-row slice counts).", "",
+             "| format | path | input_scale | rows | weight rows | fc2 with SwiGLU |", "|---|---|---|---|---|---|"]
+    for entry in data["results"]:
+        uses = entry["uses"]
+        scale = "none" if entry["input_scale"] is None else f"{entry['input_scale']:g}"
+        lines.append(f"| {entry['format']} | {entry['path']} | {scale} | {_dit_quantised_cell(uses['rows'])} | "
+                     f"{_dit_quantised_cell(uses['weight_rows'])} | {_dit_quantised_cell(uses['act_rows'])} |")
+    wrong = data["unequal_where_reported_exact"]
+    lines += ["", "Chunked uses unequal to the whole call: " + (", ".join(wrong) if wrong else "none") + ".", "",
+              _provenance(data).rstrip()]
+    return "\n".join(lines) + "\n"
+
+
+DIT_QUANTISED_SOURCES = ("h3director/dit/quantised.py", "h3director/integrations/comfy_quant.py",
+                         "bench/dit_quantised_exactness.py", "fixtures/comfy_harness/quant_layers.py")
+
 RENDERERS: dict[str, Renderer] = {
     "planner_external": Renderer("planner_external.json", ("h3director/plan", "bench/planner_external.py"),
                                  _planner_external),
@@ -161,6 +192,8 @@ RENDERERS: dict[str, Renderer] = {
                                                                "bench/shared_read_copies.py"), _shared_read_copies),
     "arena_staging": Renderer("arena_staging.json", ("h3director/native", "h3director/video/sinks/pixels.py",
                                                      "bench/arena_staging.py"), _arena_staging),
+    "dit_quantised_exactness": Renderer("dit_quantised_exactness.json", DIT_QUANTISED_SOURCES,
+                                        _dit_quantised_exactness),
 }
 
 
