@@ -5,7 +5,8 @@ The node clones the MODEL and installs `h3director.integrations.comfy_dit` throu
 changed. Before each forward the wrapper picks the tier (`mode`), runs it, and logs the tier that ran
 with its exactness ("H3 Director DiT memory: <tier> (<class>; exact (verified: ...) | approximate: max
 difference X measured at <shape> | unverified: ...) for <rows> rows"). The node's own text output shows what was installed, the device's
-`verify-kernels` status, and (when the prompt re-runs on a MODEL it already patched) the last forward.
+`verify-kernels` status, and other packs' patches found on the blocks (the director steps aside for the
+parts they patched; `h3director.integrations.comfy_dit_foreign`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,14 @@ def install_summary(handle, device, dtype, widths=None) -> str:
         if handle.mode == "exact only":
             lines.append("'exact only' runs a technique only where verify-kernels verified it for the forward's "
                          "row class on this device; otherwise that part keeps the stock op (logged)")
-    lines.append("the tier each forward runs is logged as 'H3 Director DiT memory: ...'")
+    if handle.foreign_at_install:
+        from h3director.integrations.comfy_dit_foreign import describe
+
+        lines.append("other packs' patches on this MODEL's H3 blocks (their code runs there; the director's "
+                     "tier steps aside for those parts):")
+        lines.extend(f"  {line}" for line in describe(handle.foreign_at_install))
+    lines.append("the tier each forward runs is logged as 'H3 Director DiT memory: ...'; a pack patching the "
+                 "blocks after this node is found at the forward and logged as a warning")
     return "\n".join(lines)
 
 

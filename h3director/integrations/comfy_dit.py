@@ -32,6 +32,14 @@ projected whole (head groups still apply to attention), a quantised fc1/fc2 keep
 The run report (`DiTMemoryHandle.last_report["kept_stock"]`) says which. The embeddings `_forward`
 keeps alive are outside a block hook's reach and stay as they are.
 
+Other packs' patches on the same blocks (`h3director.integrations.comfy_dit_foreign`), whichever was
+installed first: found at install (object patches and block replacements on the MODEL) and again at each
+forward (the patches actually set on the model and the block entries of that forward's options). The
+director's tier steps aside for the part another pack patched (its whole block, its attention branch, or
+its FFN half; that pack's code runs there) and says so: `last_report["foreign_patches"]` (who patched what
+and what the director did), `["runs"]` (whose code ran the attention and the FFN of which blocks),
+`["skipped"]`, a warning in the log, and the node's text at install. Never a silent skip.
+
 Units: rows are packed-sequence rows (text + condition + audio + video tokens); bytes are bytes.
 """
 
@@ -46,6 +54,7 @@ from h3director.dit.blocks import chunked_rows, grouped_attention, swiglu_rows
 from h3director.dit.ranges import row_ranges
 from h3director.dit.tiers import QUERY_ALIGN, STOCK, DiTMemoryPlan
 from h3director.errors import InvalidInputError
+from h3director.integrations import comfy_dit_foreign as foreign_patches
 
 MODES = ("auto", "exact only", "fixed")
 WRAPPER_KEY = "h3director_dit_memory"
@@ -288,10 +297,12 @@ def _ffn(block, plan: DiTMemoryPlan, x, terms: list, segments, kept: set[str]) -
 
 
 def run_block(block, plan: DiTMemoryPlan, x, t_emb, mod_segments, rope_freqs, transformer_options: dict,
-              kept: set[str] | None = None):
+              kept: set[str] | None = None, foreign: dict[str, str] | None = None):
     """ComfyUI's H3 `DiTBlock.forward` under `plan` (not STOCK): same ops, same order; `x` (the packed
     residual stream, `[rows, hidden]`) is updated in place and returned, as the stock block does.
-    `kept` collects the projections that kept their stock call (quantised or unrecognised ops)."""
+    `kept` collects the projections that kept their stock call (quantised or unrecognised ops). `foreign`
+    ({"attention" | "ffn": origin}): parts another pack patched, which run as the stock block runs them
+    (the module calls `block.attn(...)` / `block.mlp(...)`, so that pack's patch acts) instead of the tier."""
     import torch
 
     h3, _, _, _ = _comfy()
@@ -299,11 +310,18 @@ def run_block(block, plan: DiTMemoryPlan, x, t_emb, mod_segments, rope_freqs, tr
     shift_msa, scale_msa, gate_msa, *ffn_terms = block.adaln_proj(t_emb)
     hold = [h3._mod_scale_shift(block.norm1(x), shift_msa, scale_msa, mod_segments)]
     del shift_msa, scale_msa
-    attn_out = _attention(block.attn, plan, hold, rope_freqs, transformer_options, kept)
+    foreign = foreign or {}
+    if "attention" in foreign:
+        attn_out = block.attn(hold.pop(), rope_freqs=rope_freqs, transformer_options=transformer_options)
+    else:
+        attn_out = _attention(block.attn, plan, hold, rope_freqs, transformer_options, kept)
     x = h3._mod_gate(x, gate_msa, attn_out, mod_segments)
     del attn_out, gate_msa
     # The six terms are views of one table; copies of the FFN's three (same values) let the table die
     # now, and `_ffn` drops shift and scale once it has used them.
+    if "ffn" in foreign:
+        h = h3._mod_scale_shift(block.norm2(x), ffn_terms[0], ffn_terms[1], mod_segments)
+        return h3._mod_gate(x, ffn_terms[2], block.mlp(h), mod_segments)
     ffn_terms = [term.clone(memory_format=torch.contiguous_format) for term in ffn_terms]
     _ffn(block, plan, x, ffn_terms, mod_segments, kept)
     return x
@@ -355,7 +373,10 @@ class DiTMemoryHandle:
     verified (every property the tier relies on passed `verify-kernels` on this device, dtype, thread count
     and row class), kept_stock_unverified (in "exact only": techniques of the floor run stock), rows, need_bytes/have_bytes
     (when a capacity check ran; have includes `reclaimable_bytes`, the weights Dynamic VRAM would evict),
-    kept_stock (projections that kept their stock call), escalated, and on CUDA measured_peak_bytes (above
+    kept_stock (projections that kept their stock call), escalated, foreign_patches (other packs' patches in
+    force on the blocks and what the director did about each), runs ({"attention" | "ffn": {whose code:
+    [blocks]}}), director_blocks (blocks whose entry ran a director tier on some part), skipped (what did
+    not run as installed, each with its reason), and on CUDA measured_peak_bytes (above
     what was allocated before the forward) and the capacity check's calibration after it.
     """
 
@@ -369,6 +390,7 @@ class DiTMemoryHandle:
     reports: int = 0
     block_calls: int = 0
     own_capacity: bool = False
+    foreign_at_install: list = field(default_factory=list)
     _local: threading.local = field(default_factory=threading.local)
 
     @property
@@ -460,22 +482,36 @@ def reclaimable_weight_bytes(diffusion_model) -> int:
     return 0
 
 
+DIRECTOR = "H3 Director"
+STOCK_CODE = "ComfyUI stock block"
+
+
 class _BlockPatch:
     """The `patches_replace["dit"][("double_block", i)]` entry: runs block `index` under the tier the
     wrapper chose for this forward; the stock block when no forward of ours is active."""
 
-    def __init__(self, handle: DiTMemoryHandle, index: int):
+    def __init__(self, handle: DiTMemoryHandle, index: int, inner=None):
         self.handle = handle
         self.index = index
+        self.inner = inner  # another pack's entry for this block, registered before ours: it runs instead
+
+    def _other(self, args: dict, extra: dict) -> dict:
+        return self.inner(args, extra) if self.inner is not None else extra["original_block"](args)
 
     def __call__(self, args: dict, extra: dict) -> dict:
         active = self.handle._active
-        if active is None or active["plan"].is_stock:
-            return extra["original_block"](args)
+        if active is None:
+            return self._other(args, extra)
+        parts = active["foreign"].get(self.index, {})
+        if self.inner is not None or "block" in parts or active["plan"].is_stock:
+            who = parts.get("block") or (foreign_patches.origin_of(self.inner) if self.inner is not None else None)
+            active["ran"][self.index] = {part: who or parts.get(part, STOCK_CODE) for part in ("attention", "ffn")}
+            return self._other(args, extra)
         block = active["model"].blocks[self.index]
         self.handle.block_calls += 1
+        active["ran"][self.index] = {part: parts.get(part, DIRECTOR) for part in ("attention", "ffn")}
         img = run_block(block, active["plan"], args["img"], args["t_emb"], args["mod_segments"], args["rope_freqs"],
-                        args["transformer_options"], active["kept"])
+                        args["transformer_options"], active["kept"], parts)
         return {"img": img}
 
 
@@ -500,7 +536,9 @@ class _ForwardWrapper:
         plan, report = handle.choose(rows, context.dtype, device, handle.capacity, kernel_widths(model))
         if handle.own_capacity:
             report["reclaimable_bytes"] = handle.capacity.reclaimable_bytes
-        active = {"model": model, "plan": plan, "kept": set()}
+        found = foreign_patches.scan_model(model, transformer_options or {}, PATCH_NAME, PATCH_BLOCK, own_entries())
+        active = {"model": model, "plan": plan, "kept": set(), "ran": {},
+                  "foreign": foreign_patches.parts_by_block(found)}
         measure = device.type == "cuda"
         if measure:
             base = torch.cuda.memory_allocated(device)
@@ -512,6 +550,7 @@ class _ForwardWrapper:
         finally:
             handle._local.active = outer
         report["kept_stock"] = sorted(active["kept"])
+        _report_foreign(report, found, active["ran"], len(model.blocks), handle.last_report)
         if measure:
             peak = torch.cuda.max_memory_allocated(device) - base
             report["measured_peak_bytes"] = int(peak)
@@ -527,6 +566,31 @@ class _ForwardWrapper:
         return out
 
 
+def own_entries() -> tuple[type, ...]:
+    """This project's block-entry types that wrap the entry before them in `inner` (ours, the block swap's)."""
+    from h3director.integrations.comfy_blockswap import _SwapPatch
+
+    return (_BlockPatch, _SwapPatch)
+
+
+def _report_foreign(report: dict, found: list, ran: dict, blocks: int, last: dict) -> None:
+    """Add what other packs' patches did in this forward to `report`; log it when it differs from `last`."""
+    lines = foreign_patches.describe(found)
+    runs = foreign_patches.runs_summary(ran, blocks, foreign_patches.parts_by_block(found))
+    skipped = [line for line in lines if "stepped aside" in line]
+    missing = [i for i in range(blocks) if i not in ran]
+    if missing:
+        skipped.append(f"the director's block entry did not run for blocks {foreign_patches.block_list(missing)} "
+                       "(another pack replaced it, or a patch of the model bypassed the block loop's entries)")
+    report.update(foreign_patches=lines, runs=runs, skipped=skipped,
+                  director_blocks=sum(1 for record in ran.values() if DIRECTOR in record.values()))
+    if (lines or missing) and (lines, skipped, runs) != (last.get("foreign_patches"), last.get("skipped"),
+                                                        last.get("runs")):
+        notes = lines + (skipped[-1:] if missing else [])
+        log.warning("H3 Director DiT memory: other packs' patches on the H3 DiT: %s. Who ran what: %s",
+                    "; ".join(notes), "; ".join(foreign_patches.summary_lines(runs)))
+
+
 def h3_diffusion_model(model_patcher, node: str = "H3Director DiT Memory"):
     """ComfyUI's `MiniMaxH3Model` inside `model_patcher`; `InvalidInputError` (naming `node`) for another model."""
     base = getattr(model_patcher, "model", None)
@@ -539,22 +603,14 @@ def h3_diffusion_model(model_patcher, node: str = "H3Director DiT Memory"):
     return model
 
 
-def check_conflicts(model_patcher, blocks: int) -> None:
-    """Refuse when another pack already replaced or object-patched the H3 blocks."""
-    to = model_patcher.model_options.get("transformer_options", {})
-    replaced = to.get("patches_replace", {}).get(PATCH_NAME, {})
-    foreign = sorted(key[1] for key, patch in replaced.items()
-                     if isinstance(key, tuple) and key[0] == PATCH_BLOCK and not isinstance(patch, _BlockPatch))
-    if foreign:
-        raise InvalidInputError(
-            f"another node already replaced H3 DiT blocks {foreign[:8]}{' ...' if len(foreign) > 8 else ''} "
-            f"(patches_replace['{PATCH_NAME}'][('{PATCH_BLOCK}', i)]); H3Director DiT Memory would override it. "
-            "Remove that node, or put DiT Memory on the MODEL before it")
-    objects = sorted(name for name in getattr(model_patcher, "object_patches", {})
-                     if name == "diffusion_model" or name.startswith(("diffusion_model.blocks",)))
-    if objects:
-        raise InvalidInputError(f"another node object-patched the H3 DiT ({', '.join(objects[:4])}); "
-                                "H3Director DiT Memory cannot replace blocks that are patched objects")
+def check_conflicts(model_patcher) -> list:
+    """Other packs' patches already on `model_patcher`'s H3 blocks (`comfy_dit_foreign.ForeignPatch`es): the
+    director's tier will step aside for the parts they patched; logged as a warning, never refused."""
+    found = foreign_patches.scan_patcher(model_patcher, PATCH_NAME, PATCH_BLOCK, own_entries())
+    if found:
+        log.warning("H3Director DiT Memory installed after other packs' patches on the H3 DiT: %s",
+                    "; ".join(foreign_patches.describe(found)))
+    return found
 
 
 def install(model_patcher, head_chunks: int = 1, ffn_chunks: int = 1, query_chunks: int = 1, mode: str = "fixed",
@@ -564,7 +620,9 @@ def install(model_patcher, head_chunks: int = 1, ffn_chunks: int = 1, query_chun
     `mode`: "fixed" runs the given chunking; "auto" starts there and escalates to a cheaper tier when the
     capacity check says it does not fit; "exact only" escalates only through tiers whose kernel properties
     passed `verify-kernels` on this device. `budget_bytes` None = what the device can give. Checks run
-    before anything is patched: a refused call leaves nothing installed."""
+    before anything is patched: a refused call leaves nothing installed. Other packs' patches on the blocks
+    are not refused: `handle.foreign_at_install` lists them, and each forward steps aside for and reports
+    them (module docstring); a block replacement of another pack stays, called by ours for that block."""
     if mode not in MODES:
         raise InvalidInputError(f"mode must be one of {list(MODES)}, got {mode!r}")
     if budget_bytes is not None and budget_bytes <= 0:
@@ -574,15 +632,17 @@ def install(model_patcher, head_chunks: int = 1, ffn_chunks: int = 1, query_chun
     heads = model.blocks[0].attn.heads
     floor.check_fits(heads)
     blocks = len(model.blocks)
-    check_conflicts(model_patcher, blocks)
+    found = check_conflicts(model_patcher)
     from comfy.patcher_extension import WrappersMP
 
     handle = DiTMemoryHandle(floor=floor, mode=mode, budget_bytes=budget_bytes, heads=heads, blocks=blocks,
-                             capacity=capacity)
+                             capacity=capacity, foreign_at_install=found)
     patched = model_patcher.clone()
     patched.remove_wrappers_with_key(WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY)
+    before = patched.model_options.get("transformer_options", {}).get("patches_replace", {}).get(PATCH_NAME, {})
     for i in range(blocks):
-        patched.set_model_patch_replace(_BlockPatch(handle, i), PATCH_NAME, PATCH_BLOCK, i)
+        previous = foreign_patches.unwrap(before.get((PATCH_BLOCK, i)), (_BlockPatch,))
+        patched.set_model_patch_replace(_BlockPatch(handle, i, previous), PATCH_NAME, PATCH_BLOCK, i)
     patched.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY, _ForwardWrapper(handle))
     return patched, handle
 
