@@ -15,34 +15,18 @@ FFN 96; float32, CPU, PyTorch SDPA).
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 import os
 import sys
 from pathlib import Path
 
 from dit_worker import CONFIG, equal, forward, import_comfy, load, tiny_state_dict
+from packs import load_pack_module
 
 HERE = Path(__file__).resolve().parent
 PLAN = dict(head_chunks=2, ffn_chunks=3)
 FOREIGN = "H3TestForeignPack"
 DIRECTOR = "H3 Director"
-
-
-def load_pack_module(source: Path, custom_nodes: Path, folder: str, relative: str = "__init__.py"):
-    """Import `relative` (a file) of the pack at `source` as ComfyUI imports a custom node folder: from
-    `custom_nodes/folder` (a link to `source`), under a module name made from that path."""
-    custom_nodes.mkdir(parents=True, exist_ok=True)
-    link = custom_nodes / folder
-    if not link.exists():
-        link.symlink_to(source, target_is_directory=True)
-    base = str(link).replace(".", "_x_")
-    suffix = "" if relative == "__init__.py" else "." + relative.removesuffix(".py").replace("/", ".")
-    spec = importlib.util.spec_from_file_location(base + suffix, link / relative)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 class Records(logging.Handler):
