@@ -6,7 +6,8 @@ changed. Before each forward the wrapper picks the tier (`mode`), runs it, and l
 with its exactness ("H3 Director DiT memory: <tier> (<class>; exact (verified: ...) | approximate: max
 difference X measured at <shape> | unverified: ...) for <rows> rows"). The node's own text output shows what was installed, the device's
 `verify-kernels` status, and other packs' patches found on the blocks (the director steps aside for the
-parts they patched; `h3director.integrations.comfy_dit_foreign`).
+parts they patched; `h3director.integrations.comfy_dit_foreign`). A pack that patches the blocks after this
+node is found at the forward: the warning is logged and shown on the node as its progress text.
 """
 
 from __future__ import annotations
@@ -48,6 +49,23 @@ def install_summary(handle, device, dtype, widths=None) -> str:
     return "\n".join(lines)
 
 
+def progress_text_sender(node_id, summary: str):
+    """A function that shows `summary` and a forward's warning on node `node_id` (ComfyUI's progress text), for
+    other packs' patches found after the node ran; None outside a ComfyUI server or without a node id."""
+    if node_id is None:
+        return None
+    try:
+        from server import PromptServer
+    except ImportError:
+        return None
+
+    def send(text: str) -> None:
+        server = getattr(PromptServer, "instance", None)
+        if server is not None:
+            server.send_progress_text(f"{summary}\n{text}", node_id)
+    return send
+
+
 class DiTMemoryNode(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -70,6 +88,7 @@ class DiTMemoryNode(io.ComfyNode):
                     io.Float.Input("budget_gb", default=0.0, min=0.0, max=1024.0, step=0.5,
                                    tooltip="activation budget for the capacity check; 0 = what the device can give")],
             outputs=[io.Model.Output(display_name="model")],
+            hidden=[io.Hidden.unique_id],
         )
 
     @classmethod
@@ -87,4 +106,5 @@ class DiTMemoryNode(io.ComfyNode):
         from h3director.integrations.comfy_dit import kernel_widths
 
         summary = install_summary(handle, model.load_device, dtype, kernel_widths(model.model.diffusion_model))
+        handle.notify = progress_text_sender(getattr(cls.hidden, "unique_id", None), summary)
         return io.NodeOutput(patched, ui={"text": (summary,)})

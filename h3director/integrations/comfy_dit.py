@@ -391,6 +391,7 @@ class DiTMemoryHandle:
     block_calls: int = 0
     own_capacity: bool = False
     foreign_at_install: list = field(default_factory=list)
+    notify: Any = None          # called with the warning text when other packs' patches change (the node's text)
     _local: threading.local = field(default_factory=threading.local)
 
     @property
@@ -550,7 +551,7 @@ class _ForwardWrapper:
         finally:
             handle._local.active = outer
         report["kept_stock"] = sorted(active["kept"])
-        _report_foreign(report, found, active["ran"], len(model.blocks), handle.last_report)
+        _report_foreign(handle, report, found, active["ran"], len(model.blocks))
         if measure:
             peak = torch.cuda.max_memory_allocated(device) - base
             report["measured_peak_bytes"] = int(peak)
@@ -573,8 +574,10 @@ def own_entries() -> tuple[type, ...]:
     return (_BlockPatch, _SwapPatch)
 
 
-def _report_foreign(report: dict, found: list, ran: dict, blocks: int, last: dict) -> None:
-    """Add what other packs' patches did in this forward to `report`; log it when it differs from `last`."""
+def _report_foreign(handle: DiTMemoryHandle, report: dict, found: list, ran: dict, blocks: int) -> None:
+    """Add what other packs' patches did in this forward to `report`; when that differs from the last forward's,
+    log it as a warning and pass the text to `handle.notify` (the node shows it)."""
+    last = handle.last_report
     lines = foreign_patches.describe(found)
     runs = foreign_patches.runs_summary(ran, blocks, foreign_patches.parts_by_block(found))
     skipped = [line for line in lines if "stepped aside" in line]
@@ -587,8 +590,11 @@ def _report_foreign(report: dict, found: list, ran: dict, blocks: int, last: dic
     if (lines or missing) and (lines, skipped, runs) != (last.get("foreign_patches"), last.get("skipped"),
                                                         last.get("runs")):
         notes = lines + (skipped[-1:] if missing else [])
-        log.warning("H3 Director DiT memory: other packs' patches on the H3 DiT: %s. Who ran what: %s",
-                    "; ".join(notes), "; ".join(foreign_patches.summary_lines(runs)))
+        text = (f"H3 Director DiT memory: other packs' patches on the H3 DiT: {'; '.join(notes)}. Who ran what: "
+                f"{'; '.join(foreign_patches.summary_lines(runs))}")
+        log.warning("%s", text)
+        if handle.notify is not None:
+            handle.notify(text)
 
 
 def h3_diffusion_model(model_patcher, node: str = "H3Director DiT Memory"):

@@ -68,6 +68,8 @@ def run_checks(root: str, work: str) -> dict:
         else:                       # DiT Memory first, the other pack's node on its MODEL
             ours, handle = comfy_dit.install(base, **PLAN)
             model = pack.patch(ours, [part])
+        notified = []
+        handle.notify = notified.append        # what the node shows as its progress text
         at_install = [p.origin for p in handle.foreign_at_install]
         logged = len(records.messages)
         out = forward(model, torch.float32)
@@ -90,9 +92,9 @@ def run_checks(root: str, work: str) -> dict:
               and report["director_blocks"] == (blocks if director_parts else 0)
               and handle.block_calls == (blocks if director_parts else 0)
               and (bool(at_install) and all(FOREIGN in o for o in at_install)) == (order == "before")
-              and any(FOREIGN in m and "Who ran what" in m for m in new_logs))
+              and any(FOREIGN in m and "Who ran what" in m for m in new_logs) and notified == new_logs[-1:])
         return ok, {"calls": calls, "runs": runs, "foreign": report["foreign_patches"], "skipped": report["skipped"],
-                    "at_install": at_install, "logs": new_logs, "block_calls": handle.block_calls}
+                    "at_install": at_install, "logs": new_logs, "notified": notified, "block_calls": handle.block_calls}
 
     for part in ("ffn", "attention", "block", "replace"):
         for order in ("before", "after"):

@@ -67,3 +67,21 @@ def patch(model_patcher, parts):
         if "replace" in parts:
             patched.set_model_patch_replace(BlockReplace(), "dit", "double_block", i)
     return patched
+
+
+class H3TestForeignPatch:
+    """The node of this stand-in pack: its patches on every H3 block for one part (`patch`)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "part": (list(PARTS), {"default": "ffn"})}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "apply"
+    CATEGORY = "testing"
+
+    def apply(self, model, part):
+        return (patch(model, [part]),)
+
+
+NODE_CLASS_MAPPINGS = {"H3TestForeignPatch": H3TestForeignPatch}
