@@ -70,7 +70,7 @@ def _worker(mode: str, frames: int, width: int, height: int, threads: int, workd
     import torch
 
     from h3director.core.devices import peak_rss_bytes, process_rss_bytes, reset_peak_rss
-    from h3director.core.host_heap import release_free_heap
+    from h3director.core.host_heap import pin_decode_threshold, release_free_heap
     from h3director.geometry import latent_frames_for
     from h3director.integrations.load_vae import video_adapter_for
     from h3director.integrations.stock_h3 import stock_uint8_frames, stock_video_decode
@@ -87,6 +87,7 @@ def _worker(mode: str, frames: int, width: int, height: int, threads: int, workd
     # post-processing) and first-call initialisation are not part of the decode being measured.
     tiny = latents[:, :, :3, :4, :4]
     stock_uint8_frames(stock_video_decode(vae, tiny))
+    pin_decode_threshold()  # as the CLI does (stream_decode pinned it here itself before it left that to the CLI)
     stream_decode(adapter, tiny, Uint8FrameSink(), tiles_per_call=1)
     import av  # noqa: F401
     from diffusers.utils.export_utils import encode_video

@@ -68,6 +68,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run `h3director` with `argv` (default `sys.argv[1:]`); returns the exit code: the command's own, 2 for
+    an `H3DirectorError` (printed as one line) or bad usage, 130 when interrupted, 141 when stdout's reader
+    went away."""
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = argv[0] if argv and argv[0] in COMMANDS else None
     parser = build_parser(only=chosen)
@@ -88,3 +91,6 @@ def main(argv: list[str] | None = None) -> int:
         # Point stdout at devnull so the interpreter's final flush does not raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+
+
+__all__ = ["main"]

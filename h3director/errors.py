@@ -79,3 +79,7 @@ def missing_package(purpose: str, package: str, extra: str) -> str:
     the command from `install_command(extra)` (e.g. ``missing_package("reading GGUF files", "the 'gguf' package",
     "gguf")``)."""
     return f"{purpose} needs {package}: {install_command(extra)}"
+
+
+__all__ = ["EXTRA_REQUIREMENTS", "BudgetError", "ConfigError", "H3DirectorError", "InvalidInputError",
+           "install_command", "missing_package", "running_in_comfyui"]

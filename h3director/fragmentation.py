@@ -13,7 +13,9 @@ from collections.abc import Iterable
 
 
 def fragmentation_of(largest_free_run: int, total_free: int) -> float:
-    """The same number from its two inputs, for allocators that report them directly (the C arena)."""
+    """``1 - largest_free_run / total_free`` in [0, 1) (0.0 when `total_free` is 0), for allocators that
+    report the two numbers directly (the C arena); any unit, the same for both. `ValueError` unless ``0 <=
+    largest_free_run <= total_free``."""
     if largest_free_run < 0 or total_free < largest_free_run:
         raise ValueError(f"need 0 <= largest_free_run <= total_free, got {largest_free_run} and {total_free}")
     return 1.0 - largest_free_run / total_free if total_free else 0.0
@@ -33,3 +35,6 @@ def fragmentation(free_run_sizes: Iterable[int]) -> float:
         total += size
         largest = max(largest, size)
     return fragmentation_of(largest, total)
+
+
+__all__ = ["fragmentation", "fragmentation_of"]

@@ -265,7 +265,9 @@ class DecodeSchedule:
 
 
 def causal_schedule(latent_frames: int, temporal_ratio: int) -> DecodeSchedule:
-    """One clip per latent frame for causal decoders with a feature cache (Wan-style VAEs).
+    """The `DecodeSchedule` of a causal decoder with a feature cache (Wan-style VAEs): one clip per latent
+    frame of `latent_frames`, latent frame 0 giving 1 pixel frame and each later one `temporal_ratio`.
+    `InvalidInputError` for `latent_frames` < 1.
 
     Latent frame 0 decodes to 1 pixel frame, every later one to `temporal_ratio` frames; no overlap,
     no cross-fade, no padding: ``1 + temporal_ratio * (latent_frames - 1)`` frames.
@@ -312,7 +314,8 @@ def frames_for_latents(latent_frames: int) -> int:
 
 
 def check_canvas(width: int, height: int) -> None:
-    """Refuse a canvas the DiT cannot tokenize: each side must be a positive multiple of 32."""
+    """Return None when `width` and `height` (pixels) are both positive multiples of 32, the DiT's token
+    stride; else raise `InvalidInputError` naming each bad side and its nearest multiples."""
     problems = []
     for name, value in (("width", width), ("height", height)):
         if value <= 0 or value % TOKEN_STRIDE:
@@ -351,6 +354,8 @@ conditioned on the previous one's last 22 frames (one encoder clip plus the grid
 
 def chain_segments(frames: int, max_segment_frames: int, overlap: int = CHAIN_OVERLAP) -> tuple[int, ...]:
     """Segment lengths of the shortest chain that renders exactly `frames` frames, every length on the grid.
+    `InvalidInputError` for `frames`, `max_segment_frames` or `overlap` off the 17n+5 grid, or segments no
+    longer than the overlap.
 
     Consecutive segments share `overlap` frames, so the chain's length is ``sum(segments) - (k - 1) * overlap``
     and equals `frames` exactly. With all three of `frames`, `overlap` and every segment on the 17n+5 grid
@@ -375,3 +380,11 @@ def chain_segments(frames: int, max_segment_frames: int, overlap: int = CHAIN_OV
     steps = n_total + (k - 1) * m                       # sum of the segments' n
     base, extra = divmod(steps, k)
     return tuple(CLIP_LENGTH * (base + (1 if i < extra else 0)) + 5 for i in range(k))
+
+
+__all__ = ["AUDIO_LATENTS_PER_SECOND", "AUDIO_LATENT_CHANNELS", "AUDIO_SAMPLE_RATE", "CHAIN_OVERLAP",
+           "CLIP_LENGTH", "H3_TEMPORAL", "PATCH_SIZE", "SPATIAL_RATIO", "TOKEN_STRIDE", "VIDEO_FPS",
+           "VIDEO_LATENT_CHANNELS", "ClipStep", "DecodeSchedule", "TemporalGeometry",
+           "audio_latent_frames_for", "audio_samples_for", "causal_schedule", "chain_segments",
+           "check_canvas", "frames_for_latents", "is_on_grid", "latent_frames_for", "nearest_grid_frames",
+           "tokens_per_latent_frame", "video_tokens"]

@@ -66,3 +66,6 @@ def format_size(num_bytes: int | float, *, precision: int = 2) -> str:
             return f"{sign}{value:.{precision}f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+__all__ = ["GiB", "KiB", "MiB", "format_size", "parse_size"]

@@ -138,6 +138,15 @@ def renderer_for(name: str) -> Renderer | None:
     return None
 
 
+def _shared_read_copies(data: dict) -> str:
+    return _bench_module("shared_read_copies").markdown(data["rows"], data["arguments"]) + "\n\n" + _provenance(data)
+
+
+def _arena_staging(data: dict) -> str:
+    return (_bench_module("arena_staging").markdown(data["rows"], data["arguments"]) + "\n\n  "
+            + _provenance(data))
+
+
 RENDERERS: dict[str, Renderer] = {
     "planner_external": Renderer("planner_external.json", ("h3director/plan", "bench/planner_external.py"),
                                  _planner_external),
@@ -147,6 +156,11 @@ RENDERERS: dict[str, Renderer] = {
                                 _avsync_accuracy),
     "comfy_decode_memory": Renderer("comfy_decode_memory.json", COMFY_DECODE_SOURCES, _comfy_decode_memory),
     "comfy_decode_memory_ratio": Renderer("comfy_decode_memory.json", COMFY_DECODE_SOURCES, _comfy_decode_memory_ratio),
+    "shared_read_copies": Renderer("shared_read_copies.json", ("h3director/core/shared_store.py",
+                                                               "h3director/comfy/nodes_shared.py",
+                                                               "bench/shared_read_copies.py"), _shared_read_copies),
+    "arena_staging": Renderer("arena_staging.json", ("h3director/native", "h3director/video/pixels.py",
+                                                     "bench/arena_staging.py"), _arena_staging),
 }
 
 

@@ -210,3 +210,21 @@ def test_example_workflows_match_the_real_node_definitions(comfy, name):
                 wanted, given = known[key][0], outputs[value[1]]
                 assert wanted == given or "*" in (wanted, given) or isinstance(wanted, list), \
                     f"{name} node {node_id}.{key}: {given} into {wanted}"
+
+
+def test_the_decode_node_leaves_the_servers_mmap_threshold_as_it_was(comfy):
+    """glibc's mmap threshold is process-wide and cannot be restored once set (core/host_heap.py), so the node
+    must not set it: after a streaming decode (level 2: pool and collections) the server's malloc still follows
+    the dynamic threshold, read in the server process by `real_comfy.mmap_threshold_is_pinned`."""
+    workflow = {
+        "1": {"class_type": "LoadLatent", "inputs": {"latent": "two_clips_two_tiles.latent"}},
+        "2": {"class_type": "VAELoader", "inputs": {"vae_name": "h3_tiny_video.safetensors"}},
+        "4": {"class_type": "H3DirectorDecodeAVStreaming", "inputs": {
+            "samples": ["1", 0], "vae": ["2", 0], "output": "images", "filename_prefix": "x", "fps": 24.0, "crf": 18}},
+        "5": {"class_type": "H3TestMmapProbe", "inputs": {"name": "mmap_after_decode", "image": ["4", 0]}},
+    }
+    _run(comfy, workflow)
+    probed = (comfy["base"] / "output" / "tensors" / "mmap_after_decode.txt").read_text()
+    if probed == "None":
+        pytest.skip("the server's C library is not glibc")
+    assert probed == "False", "the decode node left glibc's mmap threshold pinned in the ComfyUI server"

@@ -106,6 +106,30 @@ def test_shared_write_read_round_trip_conflict_and_disk_tier(tmp_path, monkeypat
         nodes_shared.write_shared("objs", [[torch.zeros(1), {"hook": object()}]], owner="n", replace=False)
 
 
+def test_two_shared_reads_hold_one_copy_and_a_write_names_the_reading_node(tmp_path, monkeypatch):
+    import folder_paths
+
+    from h3director.comfy import nodes_shared
+    from h3director.core.shared_store import SharedTensorMutatedError
+
+    monkeypatch.setattr(folder_paths, "temp_directory", str(tmp_path))
+    monkeypatch.setattr(nodes_shared, "_store", None)
+    _use_config(monkeypatch, {"memory_optimization_level": 3})
+    with torch.inference_mode():                            # ComfyUI's nodes run in inference mode
+        cond = [[torch.randn(1, 7, 16), {"pooled_output": torch.randn(1, 16)}]]
+        written = nodes_shared.write_shared("scene_b", cond, owner="comfy-node-1", replace=False)
+        reads = [nodes_shared.read_shared("scene_b", reader=f"comfy-node-{n}") for n in (5, 6)]
+    addresses = {(c[0][0].untyped_storage().data_ptr(), c[0][1]["pooled_output"].untyped_storage().data_ptr())
+                 for c in [written, *reads]}
+    assert len(addresses) == 1, "the writer's output and both reads are views of one stored copy"
+    assert torch.equal(reads[1][0][0], cond[0][0])
+    with torch.inference_mode():
+        reads[1][0][1]["pooled_output"].zero_()             # downstream of reader 6, a node writes in place
+    with pytest.raises(SharedTensorMutatedError, match="by consumer 'comfy-node-6'"):
+        nodes_shared.read_shared("scene_b", reader="comfy-node-5")
+    assert torch.equal(nodes_shared.read_shared("scene_b")[0][1]["pooled_output"], cond[0][1]["pooled_output"])
+
+
 def _use_config(monkeypatch, fields: dict):
     from h3director.comfy import settings
     from h3director.core.config import validate_config

@@ -59,6 +59,10 @@ def test_levels_give_identical_frames_and_count_what_they_did(tiny_h3, adapter):
     assert level1.buffers.collections == 0           # level 1: no collections between clips
     assert level2.buffers.pool_leases >= 4
     assert level2.buffers.collections == level2.clips_decoded == 3
+    # the collections between clips return the finished clip's buffers (lifetime class 1 and 2 leases; the
+    # collections are young ones) and count them
+    assert level2.buffers.reclaimed_leases > 0 and level2.buffers.reclaimed_bytes > 0
+    assert level1.buffers.reclaimed_leases == 0
     assert "pool lease(s)" in level2.notes[-1]
 
 

@@ -26,6 +26,7 @@ CHECKS = ([f"exact/{dtype}/{rows}/{plan}" for dtype in ("float32", "bfloat16") f
              "attention/container-consumer-gets-containers", "quantised/unsliceable-ops-kept-stock-and-reported",
              "install/foreign-patches-found-not-refused", "install/reinstall-replaces-own-patches", "refuse/bad-input",
              "install/original-untouched-clone-keeps-tier", "node/installs-reports-and-refuses",
+             "node/visits-each-module-once",
              "capacity/auto-escalates-and-refuses", "weights/released-when-a-projection-raises"])
 
 

@@ -333,10 +333,14 @@ def test_gpu_bench_says_it_needs_a_gpu(tmp_path):
 
 
 def test_a_model_dtype_verify_kernels_cannot_check_has_nothing_verified():
-    """The adapters ask `verified_for_model`: an fp8 model is not an error, only nothing verified
-    (`verified_properties` itself refuses the dtype)."""
-    from h3director.dit.kernels import verified_for_model
+    """The adapters ask `lookup_for_model` (through the handle's `VerificationCache`): an fp8 model is not an
+    error, only nothing verified (`verified_properties` itself refuses the dtype)."""
+    from h3director.dit.kernels import lookup_for_model
+    from h3director.dit.memory import memory_handle
 
     with pytest.raises(InvalidInputError, match="unsupported dtype"):
         verified_properties("cpu", torch.float8_e4m3fn)
-    assert verified_for_model("cpu", torch.float8_e4m3fn) == set()
+    assert lookup_for_model("cpu", torch.float8_e4m3fn) is None
+    handle = memory_handle(ffn_chunks=2, mode="exact only", heads=4, blocks=2)
+    plan, report = handle.decide(1024, torch.float8_e4m3fn, "cpu")
+    assert plan.ffn_chunks == 1 and report["verified"] and report["kept_stock_unverified"]

@@ -150,3 +150,22 @@ def test_without_comfyui_a_file_with_workflow_jobs_is_refused_naming_the_lines(t
                            "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 2, done.stderr
     assert "--comfyui (or H3_FARM_COMFYUI) must name" in done.stderr and "workflow jobs (lines 2)" in done.stderr
+
+
+def test_the_pipeline_host_decodes_as_its_memory_level_asks(folder, tmp_path):
+    """Level 0 is the VAE's own whole-video decode (no streaming, no pool), as for the CLI and the node; level 2
+    streams with collections between clips; the MP4s are the same bytes."""
+    from h3director.core.config import validate_config
+    from h3director.farm.diffusers_job import PipelineHost, request
+
+    (job,), _ = parse_jobs(_line(), folder)
+    files = {}
+    for level, path in [(0, "reference"), (2, "streaming")]:
+        config = validate_config({"memory_optimization_level": level, "memory_safety": {"enabled": False}}, env={})
+        points: list = []                                   # the streaming decode's fault points
+        host = PipelineHost("cpu", fault_injector=points.append, config=config)
+        result = host.run(f"l{level}", request(job, {}), str(tmp_path))
+        assert result["status"] == "done", result["error"]
+        assert host.last_decode.path == path and bool(points) == (level > 0)
+        files[level] = result["files"][f"l{level}.mp4"]
+    assert files[0] == files[2]

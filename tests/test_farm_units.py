@@ -3,6 +3,7 @@ and the CLI's refusals (an unreachable cluster, a missing ledger)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import socket
@@ -398,3 +399,41 @@ def test_dry_run_prints_rungs_need_and_placement_and_refuses_bad_lines(folder, c
     assert "[refused] line 4 (job badswap): H3DirectorBlockSwap: blocks_offloaded must be 0 to" in text
     assert "1 job(s) would be placed, 3 refused; nothing ran" in text
     assert not out.exists()
+
+
+def _listening_port():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    return server
+
+
+@pytest.mark.parametrize("failures, connected", [(2, True), (3, False)])
+def test_ray_client_start_failures_are_retried_then_reported(monkeypatch, failures, connected):
+    """Ray Client's server sometimes fails to start the per-client server: `connect` connects again, up to
+    RAY_CLIENT_TRIES times, and then says how many it made. `ray.init` is replaced by a stand-in with its
+    signature that raises what Ray Client raises then (ConnectionError); no cluster runs here."""
+    pytest.importorskip("ray")
+    import ray
+
+    from h3director.farm import driver
+
+    calls = []
+
+    def init(address=None, **options):
+        calls.append(address)
+        if len(calls) <= failures:
+            raise ConnectionError("ray client connection timeout")
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.setattr(driver, "RAY_CLIENT_TRIES", 3)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())   # grpc present
+    with _listening_port() as server:
+        address = f"ray://127.0.0.1:{server.getsockname()[1]}"
+        if connected:
+            assert isinstance(driver.connect(address, []), driver.Session)
+        else:
+            with pytest.raises(driver.ClusterUnreachableError, match=r"after 3 connections"):
+                driver.connect(address, [])
+    assert calls == [address] * min(failures + 1, 3)

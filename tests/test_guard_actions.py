@@ -73,18 +73,16 @@ def test_reduce_batch_splits_the_latent_batch_with_equal_output():
 
 def test_reduce_batch_escalates_the_dit_memory_tier_when_installed():
     from h3director.comfy.nodes_guard import make_guard_wrapper
-    from h3director.dit.tiers import LIFETIME_ONLY
-    from h3director.integrations.comfy_dit import DiTMemoryHandle
+    from h3director.dit.memory import memory_handle
+    from h3director.integrations import comfy_dit
 
-    handle = DiTMemoryHandle(floor=LIFETIME_ONLY, mode="fixed", budget_bytes=None, heads=4, blocks=2)
-
-    class Installed:
-        def __init__(self) -> None:
-            self.handle = handle
-
+    handle = memory_handle(mode="fixed", heads=4, blocks=2)
     forward = Forward()
     x, t, context, options = _inputs(2)
-    options["wrappers"] = {"diffusion_model": {"h3director_dit_memory": [Installed()]}}
+    # the block patches `comfy_dit.install` puts in the MODEL's transformer options (`dit_memory_of` finds them)
+    patches = {(comfy_dit.PATCH_BLOCK, i): comfy_dit._BlockPatch(handle, comfy_dit._Forwards(), i) for i in range(2)}
+    options["patches_replace"] = {comfy_dit.PATCH_NAME: patches}
+    assert comfy_dit.dit_memory_of(options) is handle
     guard = _guard("reduce_batch", 300)
     wrapper = make_guard_wrapper(guard, cost_model=lambda plan, rows, dtype: 1000 // (plan.ffn_chunks * plan.head_chunks))
     out = wrapper(forward, x, t, context, options)

@@ -340,3 +340,21 @@ def test_first_fit_baseline_keeps_its_invariants(ops):
                 assert not (kind == "free" and nxt[2] == "free"), "adjacent free runs were not coalesced"
         assert cursor == heap.capacity_bytes
         assert heap.fragmentation() == fragmentation(size for _, size in runs)
+
+
+def test_a_young_collection_counts_the_clip_buffers_it_frees():
+    """Clip buffers are lifetime class 1 and the collection between clips is a young one: what it returns
+    counts whatever the class, both buffers that died since the last pool call and ones a cycle held."""
+    pool = SlotPool(8 * SLOT, SLOT, generation_gc_interval_ms=0)
+    gc.disable()
+    try:
+        cycle: list = [pool.lease(2 * SLOT, torch.uint8, generation=1).tensor]
+        cycle.append(cycle)                      # freed only by the cyclic collector
+        del cycle
+        dropped = pool.lease(SLOT, torch.uint8, generation=2).tensor
+        del dropped                              # freed by its last reference: queued for the next pool call
+        report = pool.collect(0)
+        assert report.reclaimed_leases == 2 and report.reclaimed_bytes == 3 * SLOT
+        assert pool.stats().reclaimed_by_collection == 2 and pool.stats().live_leases == 0
+    finally:
+        gc.enable()

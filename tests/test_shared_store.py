@@ -188,3 +188,32 @@ def test_inference_tensors_are_stored_as_normal_copies(tmp_path):
     with torch.inference_mode():
         assert torch.equal(fresh.get("k", owner="reader"), torch.arange(6.0))
     fresh.check("k")
+
+
+def test_named_consumers_share_one_storage_and_a_write_names_the_writer(tmp_path):
+    store = SharedTensorStore(disk_dir=tmp_path / "tier")
+    emb = torch.randn(4, 16)
+    store.put("text", emb, owner="text_encoder")
+    dit = store.get("text", reader="dit")
+    audio = store.get("text", owner="audio_dit")
+    assert dit.data_ptr() == audio.data_ptr() == emb.data_ptr(), "one physical copy"
+    assert store.get("text", reader="dit") is dit, "a consumer's own view is handed out again"
+    with torch.inference_mode():
+        audio[1:].add_(1)                                   # a write through a slice of audio_dit's view
+    with pytest.raises(SharedTensorMutatedError, match="by consumer 'audio_dit'") as raised:
+        store.get("text", reader="dit")
+    assert "'dit'" not in raised.value.args[0].split("owners holding views")[0], "only the writer is blamed"
+    assert store.stats().mutations_detected == 1
+    back = store.get("text", reader="dit")                  # left memory; the disk tier has it as it was put
+    assert back is not None and back.data_ptr() != emb.data_ptr()
+    assert store.release("text", "audio_dit") == 0          # its entry left memory: nothing held
+
+
+def test_a_write_without_a_disk_copy_is_reported_once_and_the_entry_stays():
+    store = SharedTensorStore()
+    store.put("t", torch.zeros(8), owner="text_encoder")
+    store.get("t", reader="vae").fill_(3)
+    with pytest.raises(SharedTensorMutatedError, match="by consumer 'vae'"):
+        store.check("t")
+    store.check("t")
+    assert store.get("t", reader="sampler")[0] == 3         # no other copy to go back to

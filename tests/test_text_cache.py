@@ -16,7 +16,7 @@ from comfy_harness.loader import install_stubs
 
 from h3director.core.config import validate_config
 from h3director.core.disk_tier import DiskTier
-from h3director.core.shared_store import SharedTensorStore
+from h3director.core.shared_store import SharedTensorMutatedError, SharedTensorStore
 from h3director.errors import InvalidInputError
 
 install_stubs()
@@ -95,16 +95,44 @@ def test_second_prompt_runs_no_encoder_forward_and_is_equal(level3):
     assert clip.cond_stage_model.forwards == 1 and "hit" in report2
     assert torch.equal(first[0][0], second[0][0]) and torch.equal(first[0][1]["pooled_output"],
                                                                   second[0][1]["pooled_output"])
-    second[0][0].add_(1)                                    # the graph may modify what it got ...
-    third, _ = _run(clip, "a red fox in snow")
-    assert torch.equal(third[0][0], first[0][0])            # ... without touching the cache
+    assert second[0][0].data_ptr() == first[0][0].data_ptr(), "a hit hands out views of the cached copy"
     _run(clip, "another prompt")
     assert clip.cond_stage_model.forwards == 2
     stats = text_cache_stats()
-    assert stats["hits"] == 2 and stats["misses"] == 2 and stats["bypassed"] == 0
-    assert stats["bytes_saved"] == 2 * (8 * 64 + 64) * 4
+    assert stats["hits"] == 1 and stats["misses"] == 2 and stats["bypassed"] == 0
+    assert stats["bytes_saved"] == (8 * 64 + 64) * 4
     payload = stats_payload(10)
-    assert payload["text_cache"] == stats and payload["shared_store"]["hits"] >= 2
+    assert payload["text_cache"] == stats and payload["shared_store"]["hits"] >= 1
+
+
+def _storages(conditioning) -> dict[int, int]:
+    """{storage address: storage bytes} of every tensor in a ComfyUI conditioning."""
+    from h3director.comfy.nodes_shared import flatten
+
+    tensors: list[torch.Tensor] = []
+    flatten(conditioning, tensors)
+    return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+
+
+def test_two_consumers_hold_one_copy_and_a_write_names_the_consumer(level3):
+    from h3director.comfy.nodes_textcache import _conditioning_bytes, cached_encode
+
+    clip = CountedClip()
+    with torch.inference_mode():                            # as ComfyUI runs its nodes
+        first, what = cached_encode(clip, "a red fox in snow", reader="comfy-node-4")
+        second, _ = cached_encode(clip, "a red fox in snow", reader="comfy-node-9")
+    assert what == "miss" and clip.cond_stage_model.forwards == 1
+    both = {**_storages(first), **_storages(second)}
+    assert both == _storages(first), "the second consumer holds no storage of its own"
+    assert sum(both.values()) == _conditioning_bytes(first), "two consumers, one copy of the bytes"
+    original = first[0][0].clone()
+    with torch.inference_mode():
+        second[0][0].mul_(2)                                # a node downstream of consumer 9 writes in place
+        with pytest.raises(SharedTensorMutatedError, match="by consumer 'comfy-node-9'"):
+            cached_encode(clip, "a red fox in snow", reader="comfy-node-4")
+        again, what = cached_encode(clip, "a red fox in snow", reader="comfy-node-4")
+    assert what == "hit" and clip.cond_stage_model.forwards == 1
+    assert torch.equal(again[0][0], original), "the written entry left memory; the disk tier had it as put"
 
 
 def test_patches_or_clip_skip_change_the_key(level3):

@@ -4,3 +4,5 @@ Sits beside `video/` (layer 3): it imports `core/` and below, never diffusers or
 Convention used throughout: an offset in milliseconds is positive when the audio is late (a sound
 comes after the picture event it belongs to).
 """
+
+__all__: list[str] = []

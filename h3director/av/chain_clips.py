@@ -67,3 +67,6 @@ def write_segment(path: str | os.PathLike, *, segment: int, frames: int, overlap
         container.mux(video.encode(None))
     finally:
         container.close()
+
+
+__all__ = ["write_segment"]

@@ -180,3 +180,7 @@ def prepare(values: np.ndarray, sigma_steps: float, trend_steps: int) -> np.ndar
     shaped = shaped - shaped.mean()
     spread = shaped.std()
     return shaped / spread if spread > 1e-12 else np.zeros_like(shaped)
+
+
+__all__ = ["GRID_S", "TREND_S", "AudioFlux", "Envelope", "block_signature", "motion_energy",
+           "motion_envelope", "prepare", "resample"]

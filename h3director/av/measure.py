@@ -113,9 +113,10 @@ def _plot_envelopes(times: np.ndarray, energies: np.ndarray, flux: Envelope | No
 def measure_tracks(frame_times: np.ndarray, energies: np.ndarray, signatures: np.ndarray, level: SoundLevel,
                    fps: float, max_offset_ms: float = DEFAULT_MAX_OFFSET_MS, window_s: float = DEFAULT_WINDOW_S,
                    flux: Envelope | None = None) -> AVSyncResult:
-    """Measure the offset from the picture's frame timestamps (seconds), frame differences (``len - 1`` values) and
-    frame signatures (`envelopes.block_signature`, one row per frame), and the sound's `SoundLevel`. `flux`, the
-    sound's spectral flux, only feeds the plot."""
+    """Measure the offset from the picture's frame timestamps (seconds), frame differences (``len - 1``
+    values) and frame signatures (`envelopes.block_signature`, one row per frame), and the sound's
+    `SoundLevel`. `flux`, the sound's spectral flux, only feeds the plot. Returns the `AVSyncResult`;
+    `InvalidInputError` unless `fps`, `max_offset_ms` and `window_s` are > 0."""
     if not fps > 0:
         raise InvalidInputError(f"fps must be > 0, got {fps}")
     if not max_offset_ms > 0:
@@ -174,7 +175,10 @@ def _drift(windows: list[WindowOffset]) -> float | None:
 
 def measure_file(path: str | os.PathLike, max_offset_ms: float = DEFAULT_MAX_OFFSET_MS,
                  window_s: float = DEFAULT_WINDOW_S) -> AVSyncResult:
-    """Measure a media file's A/V offset, streaming both streams (see `media`)."""
+    """The `AVSyncResult` of the media file at `path`: the offset in ms (positive = audio late) searched
+    within +-`max_offset_ms`, in windows of `window_s` seconds, both streams decoded one frame at a time
+    (see `media`). `InvalidInputError` for a missing or unreadable file, or one without a video and an
+    audio stream."""
     from h3director.av.media import probe, read_motion, read_sound
 
     info = probe(path)
@@ -187,8 +191,10 @@ def measure_arrays(frames, fps: float, samples: np.ndarray, sample_rate: int,
                    max_offset_ms: float = DEFAULT_MAX_OFFSET_MS, window_s: float = DEFAULT_WINDOW_S,
                    stride: int = 1) -> AVSyncResult:
     """Measure frames already in memory: `frames` iterates ``[H, W, C]`` arrays (uint8 0..255 or float
-    0..1), frame k shown at ``k / fps``; `samples` is ``[L]`` or ``[channels, L]`` float, sample 0 at
-    time 0. `stride` keeps every stride-th pixel per axis before differencing (cheaper, same events)."""
+    0..1), frame k shown at ``k / fps``; `samples` is ``[L]`` or ``[channels, L]`` float, sample 0 at time
+    0. `stride` keeps every stride-th pixel per axis before differencing (cheaper, same events). Returns
+    the `AVSyncResult`; `InvalidInputError` for `fps` or `sample_rate` <= 0, fewer than 2 frames, no
+    samples, or a frame that is not ``[H, W, C]``."""
     if not fps > 0:
         raise InvalidInputError(f"fps must be > 0, got {fps}")
     if sample_rate <= 0:
@@ -217,3 +223,7 @@ def measure_arrays(frames, fps: float, samples: np.ndarray, sample_rate: int,
         level.feed(mono[first:first + block], 0.0)
     return measure_tracks(np.arange(count) / fps, np.asarray(energies), np.asarray(signatures), level, fps,
                           max_offset_ms, window_s, flux.envelope())
+
+
+__all__ = ["DEFAULT_MAX_OFFSET_MS", "DEFAULT_WINDOW_S", "LOW_CONFIDENCE", "AVSyncResult", "WindowOffset",
+           "measure_arrays", "measure_file", "measure_tracks"]

@@ -47,7 +47,9 @@ class MediaInfo:
 
 def probe(path: str | os.PathLike, need_audio: bool = True) -> MediaInfo:
     """Check `path` has one readable video stream (and an audio stream when `need_audio`) and that every
-    packet demuxes; a file whose container declares more frames than it holds is called truncated."""
+    packet demuxes; a file whose container declares more frames than it holds is called truncated. Returns
+    the `MediaInfo`; `InvalidInputError` naming the file for a missing stream, no frames or samples, no
+    frame rate, or an unreadable or truncated file."""
     av = import_av()
     source = Path(path)
     with open_input(source) as container:
@@ -109,7 +111,7 @@ def gray_frame(frame, width: int = MOTION_WIDTH) -> np.ndarray:
 def read_motion(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Frame times (seconds, from each frame's timestamp), the motion energy between consecutive frames
     (``len(times) - 1`` values) and each frame's `block_signature` (``[frames, 64]`` float32), decoding one
-    frame at a time."""
+    frame at a time. `InvalidInputError` when the picture cannot be decoded."""
     av = import_av()
     times: list[float] = []
     energies: list[float] = []
@@ -132,8 +134,9 @@ def read_motion(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.nda
 
 
 def read_sound(path: str | os.PathLike) -> tuple[Envelope, SoundLevel, int]:
-    """The sound's spectral flux and its RMS level (channels mixed to mono) and its sample rate, decoding one
-    frame at a time. Samples are placed from the first decoded frame's timestamp on, contiguously."""
+    """The sound's spectral flux and its RMS level (channels mixed to mono) and its sample rate, decoding
+    one frame at a time. Samples are placed from the first decoded frame's timestamp on, contiguously.
+    `InvalidInputError` when the sound holds no samples or cannot be decoded."""
     av = import_av()
     with open_input(path) as container:
         audio = container.streams.audio[0]
@@ -171,3 +174,6 @@ def frame_samples(frame) -> np.ndarray:
 
 def mono_samples(frame) -> np.ndarray:
     return frame_samples(frame).mean(axis=0)
+
+
+__all__ = ["MediaInfo", "frame_samples", "probe", "read_motion", "read_sound"]

@@ -274,3 +274,7 @@ def match_onsets(picture: Onsets, sound: Onsets, max_offset_s: float) -> OnsetMa
     confidence = float(np.clip(share * min(1.0, 2.0 * distinct), 0.0, 1.0))
     return OnsetMatch(offset * 1000.0, int(paired.sum()), len(picture), len(sound), confidence,
                       None if runner_up_lag is None else runner_up_lag * 1000.0)
+
+
+__all__ = ["ONSET_FRACTION", "OnsetMatch", "Onsets", "SoundLevel", "match_onsets", "picture_onsets",
+           "sound_onsets"]

@@ -18,7 +18,8 @@ def import_av():
 
 
 def open_input(path: str | os.PathLike):
-    """Open `path` for reading; a missing file or one FFmpeg cannot open is an `InvalidInputError`."""
+    """Open `path` for reading; a missing file or one FFmpeg cannot open is an `InvalidInputError`. Returns
+    PyAV's input container (close it, or use it in a ``with`` block)."""
     av = import_av()
     source = Path(path)
     if not source.is_file():
@@ -27,3 +28,6 @@ def open_input(path: str | os.PathLike):
         return av.open(str(source), mode="r")
     except (av.FFmpegError, OSError, ValueError) as exc:
         raise InvalidInputError(f"{source}: not a readable media file ({exc})") from None
+
+
+__all__ = ["import_av", "open_input"]

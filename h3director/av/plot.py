@@ -15,8 +15,9 @@ from h3director.errors import H3DirectorError, missing_package
 
 def envelope_rgb(result: AVSyncResult, width_px: int = 960, height_px: int = 480) -> np.ndarray:
     """The result's envelopes as a uint8 RGB array ``[height_px, width_px, 3]``. Top: as in the file;
-    bottom: the sound moved by ``-offset_ms`` (how it lines up once corrected). Envelopes are the
-    prepared ones the correlation saw (zero mean, unit variance); the title gives offset and confidence."""
+    bottom: the sound moved by ``-offset_ms`` (how it lines up once corrected). Envelopes are the prepared
+    ones the correlation saw (zero mean, unit variance); the title gives offset and confidence. Needs
+    matplotlib (the `plot` extra): `H3DirectorError` naming the install command without it."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -50,3 +51,6 @@ def envelope_rgb(result: AVSyncResult, width_px: int = 960, height_px: int = 480
     figure.tight_layout()
     canvas.draw()
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+__all__ = ["envelope_rgb"]

@@ -89,7 +89,8 @@ class SampleReader:
 
 
 def count_samples(path: str | os.PathLike) -> tuple[int, np.dtype]:
-    """Samples per channel the reader yields for `path` before padding, and their dtype (decodes the sound once)."""
+    """Samples per channel the reader yields for `path` before padding, and their dtype (decodes the sound
+    once). `InvalidInputError` when the audio stream holds no samples."""
     reader = SampleReader(path)
     total, dtype = 0, None
     try:
@@ -102,3 +103,6 @@ def count_samples(path: str | os.PathLike) -> tuple[int, np.dtype]:
     if dtype is None:
         raise InvalidInputError(f"{path}: the audio stream holds no samples")
     return total, np.dtype(dtype)
+
+
+__all__ = ["SampleReader", "count_samples"]

@@ -106,7 +106,9 @@ def video_shift_frames(offset_ms: float, fps: float) -> int:
 
 
 def shift_audio_file(source: str | os.PathLike, out: str | os.PathLike, offset_ms: float) -> ShiftReport:
-    """Remove `offset_ms` by moving the sound by whole samples; the video packets are copied (see module doc)."""
+    """Write `source` to `out` with `offset_ms` (ms, positive = audio late) removed by moving the sound by
+    whole samples; the video packets are copied (see module doc). Returns the `ShiftReport`.
+    `InvalidInputError` for a bad offset or path, or a move beyond the clip's sound."""
     av = import_av()
     offset_ms = _check_offset(offset_ms)
     info, final = _prepare(source, out)
@@ -203,8 +205,10 @@ def _shifted_sound(container, shift: int, channels: int):
 
 def shift_video_file(source: str | os.PathLike, out: str | os.PathLike, offset_ms: float,
                      crf: int = 18, preset: str = "medium") -> ShiftReport:
-    """Remove `offset_ms` by moving the picture by whole frames (re-encoded, libx264 `crf`/`preset`);
-    the sound's packets are copied (see module doc)."""
+    """Write `source` to `out` with `offset_ms` (ms, positive = audio late) removed by moving the picture
+    by whole frames (re-encoded, libx264 `crf`/`preset`); the sound's packets are copied (see module doc).
+    Returns the `ShiftReport`. `InvalidInputError` for a bad offset or path, or a move beyond the clip's
+    frames."""
     av = import_av()
     offset_ms = _check_offset(offset_ms)
     if not 0 <= int(crf) <= 51:
@@ -257,3 +261,6 @@ def shift_video_file(source: str | os.PathLike, out: str | os.PathLike, offset_m
             emit(last)
         output.mux(video_out.encode(None))
     return ShiftReport(final, offset_ms, "frames", frames=shift, sample_rate=info.sample_rate, fps=info.fps)
+
+
+__all__ = ["ShiftReport", "shift_audio_file", "shift_video_file"]

@@ -90,8 +90,10 @@ class StitchReport:
 
 
 def inspect_segment(path: str | os.PathLike) -> SegmentInfo:
-    """Probe one segment: one video and one audio stream, every packet demuxes (video packets are counted,
-    not decoded), a container that declares more frames than it holds is truncated, the sound decodes."""
+    """The `SegmentInfo` of the segment file at `path`, probed: one video and one audio stream (mono or
+    stereo), every packet demuxes (video packets are counted, not decoded), the sound decodes.
+    `InvalidInputError` naming the file for a missing stream, no frame rate, no frames, or a truncated
+    container (one that declares more frames than it holds)."""
     av = import_av()
     with open_input(path) as container:
         if not container.streams.video:
@@ -303,10 +305,10 @@ def check_options(out: str | os.PathLike, blend: str, video_codec: str, audio_co
 def stitch_files(paths: Sequence[str | os.PathLike], out: str | os.PathLike, overlap: int = 22, *,
                  blend: str = "crossfade", video_codec: str = "h264", audio_codec: str | None = None,
                  crf: int = 18, preset: str = "medium") -> StitchReport:
-    """Stitch `paths` (in chain order) into `out`; see the module docstring for the exact rules.
-
-    `overlap`: frames each segment shares with the next. `audio_codec` None: AAC with `h264`, PCM with the
-    lossless video codecs. Raises `InvalidInputError` before writing anything when the inputs or options are bad.
+    """Stitch the segment files `paths` (in chain order, each sharing `overlap` frames with the next) into
+    `out` and return the `StitchReport`; see the module docstring for the exact rules. `audio_codec` None:
+    AAC with `h264`, PCM with the lossless video codecs; `crf`/`preset` for libx264. Raises
+    `InvalidInputError` before writing anything when the inputs or options are bad.
     """
     final, audio_codec = check_options(out, blend, video_codec, audio_codec)
     if len(paths) < 2:
@@ -402,3 +404,7 @@ def stitch_files(paths: Sequence[str | os.PathLike], out: str | os.PathLike, ove
                         overlap=overlap, blend=blend, video_codec=video_codec, audio_codec=audio_codec,
                         pix_fmt=pix_fmt, audio_padded=audio_out.padded,
                         audio_fades=audio_out.fades)
+
+
+__all__ = ["AUDIO_CODECS", "BLENDS", "VIDEO_CODECS", "SegmentInfo", "StitchReport", "inspect_segment",
+           "plan_stitch", "stitch_files"]

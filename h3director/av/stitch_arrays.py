@@ -21,7 +21,9 @@ from h3director.errors import InvalidInputError
 
 
 def join_frames(a: torch.Tensor, b: torch.Tensor, overlap: int, blend: str = "crossfade") -> torch.Tensor:
-    """`a` then `b` sharing `overlap` frames: ``len(a) + len(b) - overlap`` frames ``[F, H, W, C]``."""
+    """`a` then `b` sharing `overlap` frames: ``len(a) + len(b) - overlap`` frames ``[F, H, W, C]``.
+    `InvalidInputError` for a segment that is not ``[frames, H, W, C]``, segments of different sizes, or a
+    `blend` other than "cut" or "crossfade"."""
     for name, images in (("a", a), ("b", b)):
         if images.ndim != 4:
             raise InvalidInputError(f"images_{name} must be [frames, H, W, C], got shape {list(images.shape)}")
@@ -75,3 +77,6 @@ def join_audio(a: torch.Tensor, b: torch.Tensor, rate: int, fps: float, frames_a
     rest = b[..., length:total - join]
     out[..., end:end + rest.shape[-1]] = rest.to(out.device, out.dtype)
     return out
+
+
+__all__ = ["join_audio", "join_frames"]

@@ -55,6 +55,9 @@ def _expected(paths: Sequence[str | os.PathLike], timeline: Timeline, blend: str
 
 def compare_stitch(paths: Sequence[str | os.PathLike], out: str | os.PathLike, overlap: int,
                    blend: str) -> StitchComparison:
+    """Compare the stitched file `out` with its source segment files `paths` (joined with `overlap` frames
+    and `blend`), frame by frame and sample by sample, where the stitch copies the source; returns a
+    `StitchComparison`. Raises AssertionError when an output frame has no source frame."""
     infos = [inspect_segment(p) for p in paths]
     timeline = Timeline(tuple(i.frames for i in infos), overlap, infos[0].fps, infos[0].rate)
     checked = equal = produced = 0
@@ -94,3 +97,6 @@ def compare_stitch(paths: Sequence[str | os.PathLike], out: str | os.PathLike, o
     return StitchComparison(output_frames=produced, frames_checked=checked, frames_equal=equal,
                             output_samples=output_samples, samples_checked=samples_checked,
                             samples_equal=samples_equal)
+
+
+__all__ = ["StitchComparison", "compare_stitch"]

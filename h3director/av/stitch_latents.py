@@ -53,7 +53,9 @@ def check_latent_chain(videos: Sequence[torch.Tensor], overlap: int) -> tuple[in
 
 def join_latents(videos: Sequence[torch.Tensor], audios: Sequence[torch.Tensor] | None = None, overlap: int = 22,
                  fps: float = geometry.VIDEO_FPS) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The joined video latents and (when `audios` is given) audio latents; see the module docstring."""
+    """The joined video latents and (when `audios` is given) audio latents; see the module docstring.
+    `InvalidInputError` (from `check_latent_chain` for the video) for latents that cannot be joined:
+    counts, shapes or too few audio latent frames for the join."""
     frames = check_latent_chain(videos, overlap)
     drop = geometry.latent_frames_for(overlap)
     video = torch.cat([videos[0], *(z[:, :, drop:] for z in videos[1:])], dim=2)
@@ -91,6 +93,7 @@ def join_latents(videos: Sequence[torch.Tensor], audios: Sequence[torch.Tensor] 
 def decode_stitched(adapter, videos: Sequence[torch.Tensor], sink, *, audios: Sequence[torch.Tensor] | None = None,
                     audio_adapter=None, overlap: int = 22, fps: float = geometry.VIDEO_FPS, **decode_kwargs):
     """Join the segments' latents (`join_latents`) and decode them once with `stream_decode` into `sink`.
+    `InvalidInputError` for audio latents without an audio adapter or the reverse.
 
     `adapter`/`audio_adapter` are the video and audio decoder adapters `stream_decode` takes; `decode_kwargs`
     go to `stream_decode` (budget, config, progress). Returns its `DecodeReport`."""
@@ -101,3 +104,6 @@ def decode_stitched(adapter, videos: Sequence[torch.Tensor], sink, *, audios: Se
     video, audio = join_latents(videos, audios, overlap, fps)
     job = AudioJob(adapter=audio_adapter, latents=audio) if audio is not None else None
     return stream_decode(adapter, video, sink, audio=job, **decode_kwargs)
+
+
+__all__ = ["check_latent_chain", "decode_stitched", "join_latents"]

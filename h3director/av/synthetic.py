@@ -242,3 +242,7 @@ def write_synthetic_clip(path: str | os.PathLike, kind: str, offset_ms: float, s
     """`synthetic_tracks` written to an MP4 at `path` (atomically); returns the path."""
     frames, samples = synthetic_tracks(kind, offset_ms, seconds, fps, sample_rate, size, seed)
     return write_clip(path, frames, samples, fps, sample_rate)
+
+
+__all__ = ["FLASH_SHAPES", "TONE_SHAPES", "beep_flash_tracks", "synthetic_tracks", "write_clip",
+           "write_synthetic_clip"]

@@ -141,3 +141,6 @@ def check_chain(lengths: tuple[int, ...], overlap: int) -> None:
             what = f"at least 2 x overlap = {need} frames (a middle segment)" if middle else \
                 f"more frames than the overlap ({overlap})"
             raise InvalidInputError(f"segment {i + 1} has {length} frames; with an overlap of {overlap} it needs {what}")
+
+
+__all__ = ["AudioRegion", "Timeline", "check_chain", "fade_gains", "sample_at", "video_weight"]

@@ -8,3 +8,5 @@ checks); `image_sink` (IMAGE-producing sinks); `runtime` (the ComfyUI services u
 called); `settings` (the config the pack runs with); `alloc_env` (allocator settings for
 `prestartup_script.py`); `web/` (the front-end extension, `WEB_DIRECTORY`).
 """
+
+__all__: list[str] = []

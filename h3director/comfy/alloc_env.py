@@ -55,7 +55,8 @@ def _format_value(value: Any) -> str:
 
 def merge_alloc_conf(existing: str | None, allocator: Any) -> AllocConfMerge:
     """Merge `allocator` (an `H3Config.allocator`: backend, expandable_segments, max_split_size_mb,
-    garbage_collection_threshold) into the current `PYTORCH_CUDA_ALLOC_CONF` value `existing`."""
+    garbage_collection_threshold) into the current `PYTORCH_CUDA_ALLOC_CONF` value `existing`. Returns an
+    `AllocConfMerge`: the value to set (None: leave the variable unset) and notes on what changed."""
     entries = parse_alloc_conf(existing)
     notes: list[str] = []
     backend = getattr(allocator, "backend", None)
@@ -76,3 +77,6 @@ def merge_alloc_conf(existing: str | None, allocator: Any) -> AllocConfMerge:
         entries[key] = _format_value(value)
     value = ",".join(f"{k}:{v}" for k, v in entries.items()) or None
     return AllocConfMerge(value=value, notes=notes)
+
+
+__all__ = ["AllocConfMerge", "merge_alloc_conf"]

@@ -13,3 +13,6 @@ def audio_input(value: Any, name: str = "audio") -> tuple[Any, int]:
     if not isinstance(value, dict) or "waveform" not in value or "sample_rate" not in value:
         raise InvalidInputError(f"{name} must be an AUDIO dict with 'waveform' and 'sample_rate'")
     return value["waveform"], int(value["sample_rate"])
+
+
+__all__ = ["audio_input"]

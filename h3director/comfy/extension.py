@@ -33,6 +33,10 @@ NODES: list[type[io.ComfyNode]] = [
 
 
 class H3DirectorExtension(ComfyExtension):
+    """The pack's `ComfyExtension`: `get_node_list` returns `NODES`; `on_load`, inside ComfyUI's server,
+    registers the `/h3director/*` routes and the per-prompt ledger (a ledger that cannot be installed is
+    logged, and ComfyUI still starts)."""
+
     async def on_load(self) -> None:
         try:
             from server import PromptServer
@@ -54,3 +58,6 @@ class H3DirectorExtension(ComfyExtension):
 
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
         return list(NODES)
+
+
+__all__ = ["H3DirectorExtension"]

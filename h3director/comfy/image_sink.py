@@ -72,3 +72,6 @@ class LastFrameTap(FrameSink):
 
     def abort(self) -> None:
         self.inner.abort()
+
+
+__all__ = ["ComfyImageSink", "LastFrameTap"]

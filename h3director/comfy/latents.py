@@ -83,3 +83,6 @@ def save_latent_before_decode(filename_prefix: str, av_latent: AVLatent) -> str:
     target = runtime.save_target(f"latents/{name}", video.shape[-1] * 16, video.shape[-2] * 16, "safetensors")
     write_latent_file(target.path, video, av_latent.audio)
     return f"latent saved: {target.path} (decode it again: h3director decode {target.path} --vae VAE --out FILE)"
+
+
+__all__ = ["AVLatent", "save_latent_before_decode", "split_av_latent"]

@@ -42,6 +42,9 @@ def default_devices() -> list[str]:
 
 
 def start_monitor(interval_ms: float, label: str, budget_bytes: int | None = None) -> MonitorHandle:
+    """Start a `Monitor` sampling every `interval_ms` (ms) on `default_devices()`, with `budget_bytes`
+    (bytes, or None) drawn on its plot, and register it under `label`; returns its `MonitorHandle` for
+    `stop_monitor`."""
     from h3director.core.monitor import Monitor
 
     monitor = Monitor(interval_ms=interval_ms, devices=default_devices(), budget_bytes=budget_bytes)
@@ -53,7 +56,8 @@ def start_monitor(interval_ms: float, label: str, budget_bytes: int | None = Non
 
 
 def stop_monitor(handle: MonitorHandle):
-    """Stop the monitor behind `handle` and return its `MonitorReport` (also kept as the last report)."""
+    """Stop the monitor behind `handle` and return its `MonitorReport` (also kept as the last report).
+    `InvalidInputError` when it is not running (stopped already, or ComfyUI restarted since)."""
     global _last_report
     from h3director.errors import InvalidInputError
 
@@ -86,3 +90,6 @@ def phase(name: str) -> Iterator[None]:
         for monitor in monitors:
             stack.enter_context(monitor.phase(name))
         yield
+
+
+__all__ = ["MonitorHandle", "default_devices", "phase", "running_report", "start_monitor", "stop_monitor"]

@@ -45,6 +45,11 @@ def result_text(result: AVSyncResult) -> str:
 
 
 class AVSyncMeasure(io.ComfyNode):
+    """Node `H3DirectorAVSyncMeasure`: IMAGE frames + AUDIO at `fps` (frames per second), searched up to
+    `max_offset_ms` (ms) -> `offset_ms` (FLOAT, ms, positive = audio late), `confidence` (FLOAT, 0..1),
+    `plot` (IMAGE of both envelopes) and `report` (STRING). No distinct events: offset 0 and confidence 0,
+    not an error."""
+
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -74,3 +79,6 @@ class AVSyncMeasure(io.ComfyNode):
         text = result_text(result)
         offset = 0.0 if result.offset_ms is None else float(result.offset_ms)
         return io.NodeOutput(offset, float(result.confidence), result_image(result), text, ui={"text": (text,)})
+
+
+__all__ = ["AVSyncMeasure"]

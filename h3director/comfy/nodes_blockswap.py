@@ -16,6 +16,10 @@ MAX_BLOCKS = 100  # the planner's MAX_DIT_LAYERS; the connected model's own coun
 
 
 class BlockSwapNode(io.ComfyNode):
+    """Node `H3DirectorBlockSwap`: MODEL + `blocks_offloaded` (count of DiT blocks kept in host RAM) -> a
+    clone of the MODEL with `integrations.comfy_blockswap` installed; the input MODEL is unchanged. A count
+    above the model's blocks raises InvalidInputError before anything loads. Exact by construction."""
+
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -39,3 +43,6 @@ class BlockSwapNode(io.ComfyNode):
 
         patched, handle = install(model, int(blocks_offloaded))
         return io.NodeOutput(patched, ui={"text": (summary(handle, model.load_device),)})
+
+
+__all__ = ["BlockSwapNode"]

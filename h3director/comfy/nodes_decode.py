@@ -47,7 +47,13 @@ def make_room_for_decode(vae, adapter, clip_bytes: int) -> int:
 
 
 class DecodeAVStreaming(io.ComfyNode):
-    """Decode an H3 (AV) LATENT through ComfyUI's own VAE without the whole video in float32."""
+    """Node `H3DirectorDecodeAVStreaming`: an H3 AV (or video) LATENT + ComfyUI's video VAE (and optionally
+    the audio VAE) -> `images` (IMAGE: every frame in 'images' mode, the last frame in 'video_file' mode),
+    `audio` (AUDIO, None without an audio VAE) and a `report` (STRING). Decodes clip by clip, bit-identical
+    to VAE Decode, without the whole video in float32; 'video_file' writes an MP4 at `fps` (frames per
+    second) and `crf` under `filename_prefix` in the output folder; `budget_gb` is one clip's budget on the
+    VAE device in GiB (0: h3_config.yaml). Bad latents raise InvalidInputError before decoding; a clip that
+    cannot fit any execution raises `DecodeOutOfMemory`, keeping what was written."""
 
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -230,3 +236,6 @@ def _progress_callback():
         bar["pbar"].update_absolute(done, total)
 
     return update
+
+
+__all__ = ["AUDIO_SKIPPED_NOTE", "DecodeAVStreaming"]

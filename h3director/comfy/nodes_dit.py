@@ -4,49 +4,31 @@ The node clones the MODEL and installs `h3director.integrations.comfy_dit` throu
 (a `patches_replace["dit"]` entry per block and a `DIFFUSION_MODEL` wrapper); the input MODEL is not
 changed. Before each forward the wrapper picks the tier (`mode`), runs it, and logs the tier that ran
 with its exactness ("H3 Director DiT memory: <tier> (<class>; exact (verified: ...) | approximate: max
-difference X measured at <shape> | unverified: ...) for <rows> rows"). The node's own text output shows what was installed, the device's
-`verify-kernels` status, and other packs' patches found on the blocks (the director steps aside for the
-parts they patched; `h3director.integrations.comfy_dit_foreign`). A pack that patches the blocks after this
-node is found at the forward: the warning is logged and shown on the node as its progress text.
+difference X measured at <shape> | unverified: ...) for <rows> rows"). The node's own text output
+(`DiTMemoryHandle.summary`) shows what was installed and the device's `verify-kernels` status, and other
+packs' patches found on the blocks (the director steps aside for the parts they patched;
+`h3director.integrations.comfy_dit_foreign`). A pack that patches the blocks after this node is found at
+the forward: the warning is logged and shown on the node as its progress text. The tier
+choice itself is `h3director.dit.memory`'s.
 """
 
 from __future__ import annotations
 
 from comfy_api.latest import io
 
+from h3director.dit.capacity import MODES
 from h3director.units import GiB
 
-MODES = ["auto", "exact only", "fixed"]
 
+def foreign_lines(handle) -> str:
+    """The node text's lines on other packs' patches found at install ("" when none)."""
+    if not handle.foreign_at_install:
+        return ""
+    from h3director.integrations.comfy_dit_foreign import describe
 
-def install_summary(handle, device, dtype, widths=None) -> str:
-    """The node's report: settings, exactness class, and what `verify-kernels` has verified here. Which
-    parts run exact is decided per forward, for its row class (logged as 'H3 Director DiT memory: ...')."""
-    from h3director.dit.kernels import exactness_text, lookup_for_model
-
-    floor = handle.floor
-    found = lookup_for_model(str(device), dtype, widths)
-    needs = set(floor.relies_on)
-    lines = [f"H3Director DiT Memory on {handle.blocks} blocks ({handle.heads} heads), mode {handle.mode}",
-             f"settings: {floor.describe()} ({floor.exactness.value})",
-             "budget: " + (f"{handle.budget_bytes / GiB:.2f} GiB" if handle.budget_bytes else "the device's")]
-    if not needs:
-        lines.append("exactness: exact by construction (only lifetimes change)")
-    else:
-        lines.append(f"exactness: decided per forward for its packed-row class; cached here: "
-                     f"{exactness_text(floor.relies_on, found) if found is not None and found.entry else 'nothing'}")
-        if handle.mode == "exact only":
-            lines.append("'exact only' runs a technique only where verify-kernels verified it for the forward's "
-                         "row class on this device; otherwise that part keeps the stock op (logged)")
-    if handle.foreign_at_install:
-        from h3director.integrations.comfy_dit_foreign import describe
-
-        lines.append("other packs' patches on this MODEL's H3 blocks (their code runs there; the director's "
-                     "tier steps aside for those parts):")
-        lines.extend(f"  {line}" for line in describe(handle.foreign_at_install))
-    lines.append("the tier each forward runs is logged as 'H3 Director DiT memory: ...'; a pack patching the "
-                 "blocks after this node is found at the forward and logged as a warning")
-    return "\n".join(lines)
+    lines = ["other packs' patches on this MODEL's H3 blocks (their code runs there; the director's tier steps "
+             "aside for those parts):"] + [f"  {line}" for line in describe(handle.foreign_at_install)]
+    return "\n" + "\n".join(lines)
 
 
 def progress_text_sender(node_id, summary: str):
@@ -67,6 +49,13 @@ def progress_text_sender(node_id, summary: str):
 
 
 class DiTMemoryNode(io.ComfyNode):
+    """MODEL -> MODEL (a clone whose H3 DiT blocks run the memory tiers; the input is unchanged).
+
+    Inputs: `mode` (h3director.dit.capacity.MODES), `head_chunks` (must divide the model's heads),
+    `ffn_chunks` (>= 1), `budget_gb` (GiB for the capacity check; 0 = what the device can give). Outputs the
+    install summary as the node's text. Raises InvalidInputError, before anything is patched, for a negative
+    budget, chunks that do not fit the model, or another pack's patches on the H3 blocks."""
+
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -79,7 +68,7 @@ class DiTMemoryNode(io.ComfyNode):
                         "would not fit; 'exact only' uses a technique only where verify-kernels passed it on this "
                         "device for the forward's row count class, else keeps the stock op for that part.",
             inputs=[io.Model.Input("model"),
-                    io.Combo.Input("mode", options=MODES, default="auto",
+                    io.Combo.Input("mode", options=list(MODES), default="auto",
                                    tooltip="fixed: exactly these settings; auto: these or cheaper when needed; "
                                            "exact only: like auto, through verified techniques only"),
                     io.Int.Input("head_chunks", default=1, min=1, max=128,
@@ -103,8 +92,9 @@ class DiTMemoryNode(io.ComfyNode):
                                   budget_bytes=budget)
         inner = getattr(model, "model", None)
         dtype = inner.get_dtype_inference() if hasattr(inner, "get_dtype_inference") else None
-        from h3director.integrations.comfy_dit import kernel_widths
-
-        summary = install_summary(handle, model.load_device, dtype, kernel_widths(model.model.diffusion_model))
+        summary = handle.summary(model.load_device, dtype) + foreign_lines(handle)
         handle.notify = progress_text_sender(getattr(cls.hidden, "unique_id", None), summary)
         return io.NodeOutput(patched, ui={"text": (summary,)})
+
+
+__all__ = ["DiTMemoryNode"]

@@ -51,6 +51,11 @@ def audio_samples_for_ms(milliseconds: float, sample_rate: int) -> int:
 
 
 class FrameOffset(io.ComfyNode):
+    """Node `H3DirectorFrameOffset`: IMAGE frames moved by `offset` (whole frames, positive = later) and
+    AUDIO moved by `audio_ms` (ms at `fps`, rounded to whole samples, positive = later) -> IMAGE and AUDIO
+    with the same frame and sample counts as they came. InvalidInputError for a move of all frames or
+    malformed AUDIO."""
+
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -93,3 +98,6 @@ class FrameOffset(io.ComfyNode):
         if abs(samples) >= length:
             raise InvalidInputError(f"audio_ms {audio_ms} is {abs(samples)} samples, beyond the sound's {length}")
         return io.NodeOutput(shifted, {**audio, "waveform": shift_audio(waveform, samples)})
+
+
+__all__ = ["FrameOffset"]

@@ -55,6 +55,11 @@ def resolve(name: str) -> str:
 
 
 class GGUFDiTLoader(io.ComfyNode):
+    """Node `H3DirectorGGUFDiTLoader`: `gguf_name` (a file in ComfyUI's `diffusion_models` folders) +
+    `weight_dtype` -> MODEL, ComfyUI's own H3 model with quantised linear weights dequantised per layer on
+    use. InvalidInputError, naming the file, for a missing or malformed file, another architecture, or
+    tensors that do not fit the detected model."""
+
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -90,3 +95,6 @@ class GGUFDiTLoader(io.ComfyNode):
                 f"dequantised per layer on use), {summary['as_stored']} tensors as stored, "
                 f"weights {summary['dtype']}")
         return io.NodeOutput(model, ui={"text": (text,)})
+
+
+__all__ = ["GGUFDiTLoader"]

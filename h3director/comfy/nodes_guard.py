@@ -2,21 +2,22 @@
 
 The node clones the MODEL and adds a `DIFFUSION_MODEL` wrapper (ComfyUI's model-patcher wrapper
 mechanism, `comfy/patcher_extension.py`). Before each forward the wrapper prices the forward's
-activations with the DiT capacity check's cost model (`h3director.dit.capacity.ledger_cost_model`:
-the planner's ledger of ComfyUI's H3 block at the model's widths, the packed row count and compute
-dtype, at the tier the H3Director DiT Memory node starts from when it is installed, else the stock
-block) and asks `h3director.core.guard.MemoryGuard` to preflight them. A forward that does not fit, or
+activations with the cost model the H3Director DiT Memory node uses (`forward_price`: the planner's
+ledger of ComfyUI's H3 block at the model's widths and attention backend, the packed row count and
+compute dtype; with the DiT Memory node installed, exactly what its capacity check needs, at the tier it
+starts from, found through `comfy_dit.dit_memory_of`; else at the stock block) and asks
+`h3director.core.guard.MemoryGuard` to preflight them. A forward that does not fit, or
 that runs out of memory, gets the node's action:
 
 - ``stop_and_clear``: unload every model ComfyUI holds, empty the allocator caches, and fail the prompt
   with `MemoryLimitExceeded` ("[Director Safety] GPU memory limit exceeded ... on <device>"); the
   ComfyUI worker lives and the next prompt runs.
 - ``reduce_batch``: retry the forward with a cheaper execution, the first whose preflight fits: more DiT
-  chunks (the next tiers of `h3director.dit.tiers.escalation_ladder`) when the DiT Memory node is
-  installed on the model (later forwards keep the cheaper tier), else the latent batch split in 2, 4,
-  ... parts (every tensor argument whose first dimension is the batch; outputs concatenated). Both
-  are "exact where verified" (the same arithmetic in another grouping). When nothing cheaper fits it
-  stops as above.
+  chunks (the tiers above its floor, `DiTMemoryHandle.escalation`) when the DiT Memory node is installed
+  on the model (later forwards keep the cheaper tier: `DiTMemoryHandle.escalate_floor`), else the latent
+  batch split in 2, 4, ... parts (every tensor argument whose first dimension is the batch; outputs
+  concatenated). Both are "exact where verified" (the same arithmetic in another grouping). When nothing
+  cheaper fits it stops as above.
 - ``fallback_to_cpu`` is not offered: ComfyUI's model patcher owns where the DiT weights live, so a
   DiT forward cannot be rerun on the CPU here. Steps that support it: library steps run with
   `MemoryGuard.run(step, device=...)`, and the decode (its out-of-memory ladder moves a clip to the CPU
@@ -52,14 +53,10 @@ def forward_tokens(x) -> int:
 
 def dit_shape_of(diffusion_model):
     """`DiTShape` of ComfyUI's H3 DiT (`comfy_dit.comfy_shape`); the released widths for anything else."""
+    from h3director.integrations import comfy_dit
     from h3director.plan.activations import DiTShape
 
-    try:
-        from h3director.integrations.comfy_dit import comfy_shape
-
-        return comfy_shape(diffusion_model)
-    except (AttributeError, IndexError, TypeError, ImportError):
-        return DiTShape()
+    return comfy_dit.comfy_shape(diffusion_model) if comfy_dit.is_h3_model(diffusion_model) else DiTShape()
 
 
 def _forward_rows(model, x, context, kwargs) -> int:
@@ -67,38 +64,16 @@ def _forward_rows(model, x, context, kwargs) -> int:
 
     For the H3 model a failure to count is an error (`H3DirectorError` naming the cause): falling back to the
     token count would leave out the audio and conditioning rows and under-price the forward."""
-    from h3director.integrations.comfy_dit import H3_MODEL_CLASS, H3_MODEL_MODULE
+    from h3director.integrations import comfy_dit
 
-    cls = type(model)
-    if context is not None and cls.__name__ == H3_MODEL_CLASS and cls.__module__ == H3_MODEL_MODULE:
-        from h3director.integrations.comfy_dit import packed_rows
-
+    if context is not None and comfy_dit.is_h3_model(model):
         try:
-            return packed_rows(model, x, context, kwargs.get("minimax_payload"))
+            return comfy_dit.packed_rows(model, x, context, kwargs.get("minimax_payload"))
         except Exception as error:
             raise H3DirectorError(f"[Director Safety] could not count the packed rows of this H3 forward "
                                   f"({type(error).__name__}: {error}); refusing to price it without its audio "
                                   "and conditioning rows") from error
     return forward_tokens(x) + (int(context.shape[1]) if context is not None and context.ndim >= 2 else 0)
-
-
-def _dit_memory_handle(transformer_options):
-    """The H3Director DiT Memory node's handle when its wrapper is on this model, else None."""
-    wrappers = (transformer_options or {}).get("wrappers", {})
-    for by_key in wrappers.values():
-        for wrapper in (by_key or {}).get("h3director_dit_memory", []):
-            handle = getattr(wrapper, "handle", None)
-            if getattr(handle, "floor", None) is not None:
-                return handle
-    return None
-
-
-def _dit_memory_floor(transformer_options):
-    """The tier the H3Director DiT Memory node starts from, when its wrapper is on this model; else stock."""
-    from h3director.dit.tiers import STOCK
-
-    handle = _dit_memory_handle(transformer_options)
-    return handle.floor if handle is not None else STOCK
 
 
 def split_batch(x, args: tuple, kwargs: dict, parts: int) -> list[tuple]:
@@ -169,15 +144,11 @@ class _GuardedForward:
         """The first cheaper execution that fits (more DiT chunks, else a batch split); None if none does."""
         import torch
 
-        from h3director.dit.tiers import escalation_ladder
-
         if self.handle is not None:
-            ladder = escalation_ladder(self.handle.heads, self.rows)
-            later = ladder[ladder.index(plan) + 1:] if plan in ladder else ladder
-            for cheaper in later:
+            for cheaper in self.handle.escalation(self.rows):
                 what = self.what(cheaper)
                 if self.fits(cheaper, self.rows, what):
-                    self.handle.floor = cheaper      # later forwards start from the cheaper tier
+                    self.handle.escalate_floor(cheaper)      # later forwards start from the cheaper tier
                     self.record(what, "reduce_batch", error)
                     return (self.call(self.x, self.args, self.kwargs, what),)
         batch = int(self.x.shape[0]) if isinstance(self.x, torch.Tensor) and self.x.ndim >= 1 else 1
@@ -247,14 +218,27 @@ def would_have_fit(cost, rows: int, dtype, heads: int, budget_bytes: int, measur
             "format or a shorter length (`h3director plan` computes what fits)")
 
 
+def forward_price(model, device, transformer_options: dict, handle=None):
+    """`price(plan, rows, dtype) -> bytes` of one forward of `model` on `device`, from the capacity check the
+    DiT Memory node uses (`comfy_dit.forward_capacity`: the planner's ledger at the model's widths and the
+    attention backend the forward calls). With that node's `handle` installed: exactly what its check needs
+    (`need_bytes`: cost x calibration + resident, plus its margin), so the guard and the node agree on
+    whether a tier fits the same room; without it, the check's cost model (the activation bytes)."""
+    from h3director.integrations.comfy_dit import forward_capacity
+
+    if handle is not None:
+        check = forward_capacity(model, device, transformer_options, handle)
+        if callable(getattr(check, "need_bytes", None)):
+            return check.need_bytes
+    return forward_capacity(model, device, transformer_options).cost_model
+
+
 def make_guard_wrapper(guard, cost_model=None, stopper=None):
     """A `DIFFUSION_MODEL` wrapper preflighting the forward's activation bytes with `guard` and applying
     ``guard.action`` (``stop_and_clear`` or ``reduce_batch``, see the module docstring).
 
-    `cost_model(plan, rows, dtype) -> bytes` (default: `ledger_cost_model` for ComfyUI's block at the
-    model's widths, read at the first forward). `stopper()` unloads models and empties caches (default:
-    `h3director.comfy.runtime.unload_models_and_empty_caches`)."""
-    models: dict = {}
+    `cost_model(plan, rows, dtype) -> bytes` (default: `forward_price`, read at each forward). `stopper()`
+    unloads models and empties caches (default: `h3director.comfy.runtime.unload_models_and_empty_caches`)."""
 
     def stop_default() -> None:
         from h3director.comfy import runtime
@@ -263,23 +247,18 @@ def make_guard_wrapper(guard, cost_model=None, stopper=None):
 
     def wrapper(executor, x, *args, **kwargs):
         from h3director.core.guard import MemoryLimitExceeded
-        from h3director.dit.capacity import ledger_cost_model
         from h3director.dit.tiers import STOCK
+        from h3director.integrations.comfy_dit import dit_memory_of
 
         model = getattr(executor, "class_obj", None)
         context = args[1] if len(args) > 1 else kwargs.get("context")
         options = args[2] if len(args) > 2 else kwargs.get("transformer_options")
+        options = options if isinstance(options, dict) else {}
         context = context if hasattr(context, "shape") else None
         rows = _forward_rows(model, x, context, kwargs)
         dtype = context.dtype if context is not None else "bf16"
-        cost = cost_model
-        if cost is None:
-            key = id(model)
-            if key not in models:
-                device = getattr(context, "device", None)
-                models[key] = ledger_cost_model(dit_shape_of(model), "comfy", device=device)
-            cost = models[key]
-        handle = _dit_memory_handle(options if isinstance(options, dict) else None)
+        handle = dit_memory_of(options)
+        cost = cost_model if cost_model is not None else forward_price(model, getattr(context, "device", None), options, handle)
         plan = handle.floor if handle is not None else STOCK
         forward = _GuardedForward(guard, stopper or stop_default, executor, x, args, kwargs, cost, rows, dtype, handle)
         what = forward.what(plan)
@@ -301,6 +280,13 @@ def make_guard_wrapper(guard, cost_model=None, stopper=None):
 
 
 class MemoryGuardNode(io.ComfyNode):
+    """MODEL -> MODEL (a clone with a diffusion-model wrapper; the input is unchanged).
+
+    Inputs: `action` ("from config" = memory_safety.action_on_exceed, "stop_and_clear" or "reduce_batch"),
+    `budget_gb` (GiB; 0 = memory_safety.max_gpu_memory_mb, else the device's total). Each forward is priced
+    (with the DiT Memory node's own capacity check when that node is installed) before it runs. Raises
+    InvalidInputError for an action a DiT forward cannot take (fallback_to_cpu)."""
+
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -345,3 +331,6 @@ class MemoryGuardNode(io.ComfyNode):
         patched = model.clone()
         patched.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, GUARD_KEY, make_guard_wrapper(guard))
         return io.NodeOutput(patched)
+
+
+__all__ = ["ACTIONS", "GUARD_KEY", "MemoryGuardNode", "dit_shape_of", "forward_tokens", "make_guard_wrapper"]

@@ -17,6 +17,11 @@ from h3director.video.detail_carry import merge_into, output_shape
 
 
 class KeyframeSelect(io.ComfyNode):
+    """Node `H3DirectorKeyframeSelect`: IMAGE frames + `mode` (every_n, scene, every_n+scene, motion) with
+    `n` (frames), `threshold` (scene score, 0..1) and `min_spacing` (frames) -> `keyframes` (IMAGE batch),
+    `indices` (STRING, a JSON list of frame indices) and `count` (INT). First and last frame are always in;
+    bad parameters (n longer than the clip, threshold outside (0, 1)) raise InvalidInputError."""
+
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -51,6 +56,11 @@ class KeyframeSelect(io.ComfyNode):
 
 
 class KeyframeMerge(io.ComfyNode):
+    """Node `H3DirectorKeyframeMerge`: the original IMAGE frames, the detailed keyframes (same order as
+    `indices`, the JSON list text Keyframe Select wrote) and `flow_warp` -> IMAGE with every frame, detail
+    carried from the keyframes (`video.detail_carry`). Mismatched counts, indices or aspect raise
+    InvalidInputError."""
+
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -79,3 +89,6 @@ class KeyframeMerge(io.ComfyNode):
         out = torch.empty(shape, dtype=torch.float32)
         merge_into(out, images, detailed_keyframes, index, flow_warp=bool(flow_warp))
         return io.NodeOutput(out)
+
+
+__all__ = ["KeyframeMerge", "KeyframeSelect"]

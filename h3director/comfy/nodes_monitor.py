@@ -74,7 +74,10 @@ def report_image(report, title: str):
 
 
 class MonitorStart(io.ComfyNode):
-    """Starts a background memory sampler; wire `passthrough` on to order it before the watched nodes."""
+    """Node `H3DirectorMonitorStart`: optional `trigger` (anything) + `interval_ms` (ms between samples),
+    `label` and `ops_log` -> `monitor` (H3_MONITOR, the handle for Monitor Stop) and `passthrough` (the
+    trigger, unchanged). Starts sampling host RSS and GPU memory; wire `passthrough` on to order it before
+    the watched nodes."""
 
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -110,7 +113,9 @@ class MonitorStart(io.ComfyNode):
 
 
 class MonitorStop(io.ComfyNode):
-    """Stops a monitor and shows its timeline plot (IMAGE) and summary table (text)."""
+    """Node `H3DirectorMonitorStop`: `monitor` (Monitor Start's H3_MONITOR) + optional `trigger` (the last
+    watched node's output, for ordering) -> `timeline` (IMAGE of the memory plot) and `summary` (STRING:
+    the summary table, with the ops log when it was on). Stops that monitor."""
 
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -141,3 +146,6 @@ class MonitorStop(io.ComfyNode):
         summary = report.summary_table() + (f"\n\n{ops}" if ops else "")
         return io.NodeOutput(report_image(report, f"H3 Director: {monitor.label}"), summary,
                              ui={"text": (summary,)})
+
+
+__all__ = ["MonitorStart", "MonitorStop", "report_image", "report_rgb"]

@@ -14,6 +14,11 @@ from h3director.integrations.comfy_placement import place_objects
 
 
 class DevicePlacement(io.ComfyNode):
+    """Node `H3DirectorDevicePlacement`: a `placement` string from `h3director plan --devices`
+    ("dit=cuda:0,text_encoder=cuda:1,...") + MODEL, CLIP, VAE, audio VAE (each optional) -> clones of them
+    with their load devices set (None for an unconnected input) and a `report` (STRING). A device this
+    machine lacks, or a malformed string, raises InvalidInputError naming the devices it has."""
+
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -40,3 +45,6 @@ class DevicePlacement(io.ComfyNode):
     def execute(cls, placement, model=None, clip=None, vae=None, audio_vae=None) -> io.NodeOutput:
         placed = place_objects(placement, model=model, clip=clip, vae=vae, audio_vae=audio_vae)
         return io.NodeOutput(placed.model, placed.clip, placed.vae, placed.audio_vae, placed.report)
+
+
+__all__ = ["DevicePlacement"]

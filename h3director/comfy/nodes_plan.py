@@ -87,6 +87,10 @@ def plan_text(width: int, height: int, frames: int, budget_bytes: int | None, de
 
 
 class PlanNode(io.ComfyNode):
+    """Node `H3DirectorPlan`: an H3 LATENT + `budget_gb` (GiB; 0 = this device's memory) -> `plan`
+    (STRING: per-phase estimate and recommendation) and the recommended settings to wire on: `head_chunks`,
+    `ffn_chunks`, `blocks_offloaded` (INT) and `budget_gb` (FLOAT, GiB, for the streaming decode)."""
+
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -119,3 +123,6 @@ class PlanNode(io.ComfyNode):
             budget, name = device_budget_bytes()
         text, s = plan_for(video.shape[4] * SPATIAL_RATIO, video.shape[3] * SPATIAL_RATIO, frames, budget, name)
         return io.NodeOutput(text, s.head_chunks, s.ffn_chunks, s.blocks_offloaded, s.budget_gb, ui={"text": (text,)})
+
+
+__all__ = ["PlanNode", "WiredSettings"]

@@ -26,7 +26,10 @@ def run_folder(run_name: str) -> Path:
 
 
 class ResumableSampler(io.ComfyNode):
-    """ComfyUI's euler / euler_ancestral / dpmpp_2m with checkpoints every k steps, resumed exactly."""
+    """Node `H3DirectorResumableSampler`: `sampler_name` (euler, euler_ancestral, dpmpp_2m), `run_name`,
+    `checkpoint_every` (steps) and `resume` (auto or restart) -> a SAMPLER that checkpoints every k steps
+    under output/h3director_resume/<run_name>/ and, queued again after a crash, continues bit-identical to
+    an uninterrupted run. A checkpoint of another run raises `CheckpointMismatch` naming what differs."""
 
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -72,3 +75,6 @@ class ResumableSampler(io.ComfyNode):
         function = resumable_sampler_function(sampler_name, run_folder(run_name), checkpoint_every,
                                               restart=resume == RESUME_RESTART)
         return io.NodeOutput(comfy.samplers.KSAMPLER(function))
+
+
+__all__ = ["ResumableSampler"]

@@ -7,6 +7,15 @@ JSON skeleton saying where each tensor goes (stored as a uint8 tensor under ``<k
 so a read rebuilds the same structure. Writing a key that holds different content raises the
 store's conflict error, shown on the node in the UI; `replace` overwrites on purpose.
 
+One physical copy: a read hands out read-only views of the store's tensors (no clone), so any number
+of Shared Read nodes (and the Shared Write's own output) hold one copy of the conditioning's bytes.
+Each reading node gets views of its own (named ``comfy-node-<id>``): a node downstream that writes
+into one in place is reported by the store's `SharedTensorMutatedError` naming that reading node, on
+the next access to the key (the next read of it in this or a later prompt). ComfyUI runs nodes under
+``torch.inference_mode``, whose tensors have no version counter, so the store keeps a normal copy of
+the writer's input (`SharedTensorStore.put`): the writer's upstream output and the store's copy are
+two copies, every reader after that shares the store's.
+
 The nodes use the store only where the configuration asks for it: memory level 3 and
 ``shared_memory_enabled`` (``features().cross_node_shared_memory``); otherwise they refuse with a
 message naming the switch. The store keeps at most ``shared_memory_budget_mb`` in memory, the least
@@ -104,11 +113,15 @@ def _check_key(key: str) -> str:
     return key
 
 
-def write_shared(key: str, conditioning: Any, owner: str, replace: bool) -> int:
-    """Store `conditioning` under `key`; returns the number of tensors stored (level 3 only)."""
+def write_shared(key: str, conditioning: Any, owner: str, replace: bool) -> Any:
+    """Store `conditioning` under `key` (level 3 only); returns the stored conditioning as `owner`'s
+    read-only views (`conditioning` itself when the memory budget did not keep it in memory)."""
     key = _check_key(key)
     require_shared_memory()
-    return put_conditioning(shared_store(), key, conditioning, owner, replace)
+    store = shared_store()
+    put_conditioning(store, key, conditioning, owner, replace)
+    stored = get_conditioning(store, key, reader=owner)
+    return conditioning if stored is None else stored
 
 
 def put_conditioning(store, key: str, conditioning: Any, owner: str, replace: bool) -> int:
@@ -122,12 +135,15 @@ def put_conditioning(store, key: str, conditioning: Any, owner: str, replace: bo
     return len(tensors)
 
 
-def read_shared(key: str) -> Any:
-    """The conditioning a Shared Write stored under `key` (level 3 only)."""
+def read_shared(key: str, reader: str | None = None) -> Any:
+    """The conditioning a Shared Write stored under `key` (level 3 only), as read-only views of the
+    store's tensors (`reader`'s own, see the module docstring); an entry found only on the disk tier is
+    brought back into memory. Raises `InvalidInputError` when nothing is stored under `key`,
+    `SharedTensorMutatedError` when a view of it was written in place."""
     key = _check_key(key)
     require_shared_memory()
     store = shared_store()
-    found = get_conditioning(store, key)
+    found = get_conditioning(store, key, keep=True, reader=reader)
     if found is None:
         known = sorted(k[:-len(SKELETON) - 1] for k in store.keys() if k.endswith(f"-{SKELETON}"))
         raise InvalidInputError(f"no conditioning shared under key {key!r}; shared keys: {known or 'none'} "
@@ -135,20 +151,21 @@ def read_shared(key: str) -> Any:
     return found
 
 
-def get_conditioning(store, key: str, *, keep: bool = False) -> Any | None:
-    """The conditioning under `key` in `store` (copies of its tensors), or None when there is none.
-    ``keep`` brings entries found only on the disk tier back into memory."""
+def get_conditioning(store, key: str, *, keep: bool = False, reader: str | None = None) -> Any | None:
+    """The conditioning under `key` in `store`, or None when there is none. Its tensors are read-only
+    views of the store's (one physical copy for every reader; lists and dicts are new per call);
+    `reader` names the consumer a write through them is reported as. ``keep`` brings entries found
+    only on the disk tier back into memory."""
     raw = store.get(f"{key}-{SKELETON}", keep=keep)
     if raw is None:
         return None
     skeleton = json.loads(raw.cpu().numpy().tobytes().decode())
-    # the store hands out read-only views; ComfyUI nodes may modify conditioning in place, so copy
     tensors = []
     for index in range(_tensor_count(skeleton)):
-        tensor = store.get(f"{key}-t{index}", keep=keep)
+        tensor = store.get(f"{key}-t{index}", keep=keep, reader=reader)
         if tensor is None:
             raise InvalidInputError(f"shared key {key!r} is incomplete: tensor {index} is missing")
-        tensors.append(tensor.clone())
+        tensors.append(tensor)
     return unflatten(skeleton, tensors)
 
 
@@ -170,7 +187,9 @@ class SharedWrite(io.ComfyNode):
             display_name="H3Director Shared Write",
             category="H3 Director/shared memory",
             description="Stores conditioning under a key for Shared Read nodes (this or later prompts). "
-                        "Writing different content to a used key is an error unless `replace` is on.",
+                        "Writing different content to a used key is an error unless `replace` is on. Its output "
+                        "and every Shared Read of the key share the stored copy (read-only: a node that writes "
+                        "into it in place is reported).",
             inputs=[io.Conditioning.Input("conditioning"), io.String.Input("key", default="prompt"),
                     io.Boolean.Input("replace", default=False)],
             outputs=[io.Conditioning.Output(display_name="conditioning"), io.String.Output(display_name="key")],
@@ -179,8 +198,8 @@ class SharedWrite(io.ComfyNode):
 
     @classmethod
     def execute(cls, conditioning, key, replace) -> io.NodeOutput:
-        write_shared(key, conditioning, owner=f"comfy-node-{cls.hidden.unique_id}", replace=replace)
-        return io.NodeOutput(conditioning, _check_key(key))
+        stored = write_shared(key, conditioning, owner=f"comfy-node-{cls.hidden.unique_id}", replace=replace)
+        return io.NodeOutput(stored, _check_key(key))
 
 
 class SharedRead(io.ComfyNode):
@@ -190,10 +209,12 @@ class SharedRead(io.ComfyNode):
             node_id="H3DirectorSharedRead",
             display_name="H3Director Shared Read",
             category="H3 Director/shared memory",
-            description="Reads conditioning a Shared Write node stored under `key` (from memory or the disk tier).",
+            description="Reads conditioning a Shared Write node stored under `key` (from memory or the disk tier), "
+                        "as read-only views of the stored copy: no copy per reader.",
             inputs=[io.String.Input("key", default="prompt"),
                     io.AnyType.Input("after", optional=True, tooltip="Connect the writer's output to order the read.")],
             outputs=[io.Conditioning.Output(display_name="conditioning")],
+            hidden=[io.Hidden.unique_id],
         )
 
     @classmethod
@@ -202,4 +223,8 @@ class SharedRead(io.ComfyNode):
 
     @classmethod
     def execute(cls, key, after=None) -> io.NodeOutput:
-        return io.NodeOutput(read_shared(key))
+        return io.NodeOutput(read_shared(key, reader=f"comfy-node-{cls.hidden.unique_id}"))
+
+
+__all__ = ["SharedRead", "SharedWrite", "existing_store", "flatten", "get_conditioning", "put_conditioning",
+           "read_shared", "shared_store", "write_shared"]

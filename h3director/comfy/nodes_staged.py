@@ -27,6 +27,9 @@ def _av_latent(video, audio) -> dict:
 
 
 class VideoOnlyLatent(io.ComfyNode):
+    """Node `H3DirectorVideoOnlyLatent`: an H3 AV LATENT -> the same latent with 0 audio latent frames (a
+    video-only draft). InvalidInputError for a LATENT that is not an H3 AV latent."""
+
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -50,6 +53,9 @@ class VideoOnlyLatent(io.ComfyNode):
 
 
 class VideoStream(io.ComfyNode):
+    """Node `H3DirectorVideoStream`: an H3 AV LATENT (or a plain video LATENT) -> its video stream as a plain
+    video LATENT, which stock SaveLatent can write. InvalidInputError for anything but an H3 LATENT."""
+
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -68,6 +74,10 @@ class VideoStream(io.ComfyNode):
 
 
 class DraftToAV(io.ComfyNode):
+    """Node `H3DirectorDraftToAV`: a draft video LATENT + the full-size H3 AV LATENT `samples` -> the draft
+    resized to `samples`' video (approximate: time linear, space bilinear) with `samples`' audio stream.
+    InvalidInputError when either latent has the wrong kind or channels."""
+
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -103,3 +113,6 @@ class DraftToAV(io.ComfyNode):
                 f"{[frames, height, width]}: stage two refines a smaller draft")
         video = resize_video_latent(source, frames, height, width).to(target.video.dtype)
         return io.NodeOutput(_av_latent(video, target.audio))
+
+
+__all__ = ["DraftToAV", "VideoOnlyLatent", "VideoStream"]

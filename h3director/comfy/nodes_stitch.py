@@ -14,6 +14,11 @@ from h3director.errors import InvalidInputError
 
 
 class Stitch(io.ComfyNode):
+    """Node `H3DirectorStitch`: segments A and B (IMAGE + AUDIO each) sharing `overlap` frames at `fps` ->
+    IMAGE of A + B - overlap frames and AUDIO as long as that picture, joined by `blend` (cut or
+    crossfade). InvalidInputError for differing frame sizes, channels or sample rates, or a sound too short
+    for the join."""
+
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -45,3 +50,6 @@ class Stitch(io.ComfyNode):
         images = join_frames(images_a, images_b, int(overlap), blend)
         wave = join_audio(wave_a, wave_b, rate_a, float(fps), images_a.shape[0], images_b.shape[0], int(overlap))
         return io.NodeOutput(images, {"waveform": wave, "sample_rate": rate_a})
+
+
+__all__ = ["Stitch"]

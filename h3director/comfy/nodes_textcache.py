@@ -12,6 +12,12 @@ resolution and every other input of the graph are not part of the key, so changi
 re-runs the encoder. The store keeps at most ``shared_memory_budget_mb`` in memory; least recently
 used entries go to its disk tier and come back on a hit.
 
+One physical copy: the node hands out read-only views of the store's tensors, never a clone, so every
+node that encodes the same content (in this prompt or later ones) holds the conditioning's bytes once;
+on a miss the encoder's output is dropped once the store holds its copy. Each node's views are its
+own (named ``comfy-node-<id>``): a node downstream that writes into one in place is reported by the
+store's `SharedTensorMutatedError` naming that encode node, on the next lookup of the same content.
+
 Caching needs the shared store (memory level 3 and ``shared_memory_enabled``); otherwise the node
 encodes every time, as CLIP Text Encode does, and says so in its report. A CLIP with conditioning
 hooks (`patcher.forced_hooks`) is encoded every time too (hooks are scheduled per step).
@@ -131,8 +137,12 @@ def encode_text(clip: Any, text: str) -> Any:
     return clip.encode_from_tokens_scheduled(tokens)
 
 
-def cached_encode(clip: Any, text: str) -> tuple[Any, str]:
-    """(conditioning, what happened: "hit", "miss" or why the cache was bypassed)."""
+def cached_encode(clip: Any, text: str, reader: str = OWNER) -> tuple[Any, str]:
+    """(conditioning, what happened: "hit", "miss" or why the cache was bypassed).
+
+    Cached conditioning is `reader`'s read-only views of the store's tensors (see the module docstring).
+    Raises `InvalidInputError` for a missing CLIP or a non-string text, `SharedTensorMutatedError`
+    when a view of the cached entry was written in place since the last lookup."""
     from h3director.comfy.nodes_shared import get_conditioning, put_conditioning, shared_store
     from h3director.comfy.settings import pack_config
     from h3director.core.shared_store import content_key
@@ -154,7 +164,7 @@ def cached_encode(clip: Any, text: str) -> tuple[Any, str]:
         return encode_text(clip, text), reason
     key = "textcache_" + content_key(text, model_fingerprint=clip_fingerprint(clip))
     store = shared_store()
-    found = get_conditioning(store, key, keep=True)
+    found = get_conditioning(store, key, keep=True, reader=reader)
     if found is not None:
         _count("hits")
         _count("bytes_saved", _conditioning_bytes(found))
@@ -162,8 +172,9 @@ def cached_encode(clip: Any, text: str) -> tuple[Any, str]:
     _count("misses")
     conditioning = encode_text(clip, text)
     put_conditioning(store, key, conditioning, OWNER, replace=True)
-    # the store holds the encoder's tensors themselves; hand the graph copies it may modify in place
-    return get_conditioning(store, key, keep=True), "miss"
+    stored = get_conditioning(store, key, keep=True, reader=reader)
+    # the memory budget may have dropped it at once (no disk tier): then the encoder's own output
+    return (conditioning if stored is None else stored), "miss"
 
 
 class CachedTextEncode(io.ComfyNode):
@@ -180,12 +191,16 @@ class CachedTextEncode(io.ComfyNode):
             inputs=[io.Clip.Input("clip"),
                     io.String.Input("text", multiline=True, dynamic_prompts=True)],
             outputs=[io.Conditioning.Output(display_name="conditioning"), io.String.Output(display_name="report")],
+            hidden=[io.Hidden.unique_id],
         )
 
     @classmethod
     def execute(cls, clip, text) -> io.NodeOutput:
-        conditioning, what = cached_encode(clip, text)
+        conditioning, what = cached_encode(clip, text, reader=f"comfy-node-{cls.hidden.unique_id}")
         stats = text_cache_stats()
         report = (f"text encoder: {what}; cache hits {stats['hits']}, misses {stats['misses']}, "
                   f"bytes saved {stats['bytes_saved']}")
         return io.NodeOutput(conditioning, report)
+
+
+__all__ = ["CachedTextEncode", "text_cache_stats"]

@@ -69,7 +69,12 @@ def _sink(target, fmt: str, source, audio, crf: int):
 
 
 class UpscaleStreaming(io.ComfyNode):
-    """Upscale a video with an UPSCALE_MODEL into a file, one frame at a time, with exact tile seams where it can."""
+    """Node `H3DirectorUpscaleStreaming`: an UPSCALE_MODEL + IMAGE frames or a `source_path` (video or
+    .npy), `tile` (largest tile side, input px), `overlap` ("auto" or input px), `format`, `fps`, `crf`,
+    optional AUDIO and resize, dtype and batching options -> `path` (STRING, the file written in the output
+    folder), `preview` (IMAGE, the first upscaled frame) and `report` (STRING). One frame at a time, with
+    exact tile seams for convolutional models; bad options or a model that cannot run in `dtype` raise
+    InvalidInputError before anything is written."""
 
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -160,3 +165,5 @@ class UpscaleStreaming(io.ComfyNode):
         preview = report.first_frame[None].clamp(0, 1) if report.first_frame is not None else None
         return io.NodeOutput(str(report.result), preview, "\n".join(report.lines()))
 
+
+__all__ = ["UpscaleStreaming"]

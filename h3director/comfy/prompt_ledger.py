@@ -244,3 +244,6 @@ def ledger_payload(config, prompts: int = STATS_PROMPTS) -> dict[str, Any] | Non
     if not config.monitor.prompt_ledger or ledger is None:
         return None
     return ledger.to_dict(jobs=prompts)
+
+
+__all__ = ["install", "ledger_payload", "make_ledger", "prompt_label", "workflow_key"]

@@ -228,7 +228,8 @@ def stats_payload(samples: int, config=None, server: Any = None) -> dict[str, An
 
 
 def render_report_png(output_dir: Path, width: int, height: int) -> bytes:
-    """PNG bytes of the running (or last) monitor's timeline; `InvalidInputError` when there is none."""
+    """PNG bytes, `width` x `height` pixels, of the running (or last) monitor's timeline, drawn in a
+    temporary folder inside `output_dir`; `InvalidInputError` when no monitor has recorded a sample."""
     from h3director.comfy.live import running_report
     from h3director.comfy.nodes_monitor import report_rgb
 
@@ -276,3 +277,7 @@ def register_routes(routes) -> None:
         except InvalidInputError as error:
             return bad_request(error)
         return web.Response(body=body, content_type="image/png")
+
+
+__all__ = ["STATS_QUERY", "check_query_names", "int_query", "prompt_node", "register_routes",
+           "render_report_png", "running_prompt", "stats_payload"]

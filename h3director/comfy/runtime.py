@@ -23,12 +23,14 @@ class SaveTarget:
 
 
 def output_directory() -> Path:
+    """ComfyUI's output folder (`folder_paths.get_output_directory()`), resolved."""
     import folder_paths
 
     return Path(folder_paths.get_output_directory()).resolve()
 
 
 def temp_directory() -> Path:
+    """ComfyUI's temp folder (`folder_paths.get_temp_directory()`), resolved."""
     import folder_paths
 
     return Path(folder_paths.get_temp_directory()).resolve()
@@ -86,6 +88,7 @@ def unload_models_and_empty_caches() -> None:
 
 
 def free_bytes(device) -> int:
+    """Free bytes on `device` as ComfyUI's model management counts them (`get_free_memory`)."""
     import comfy.model_management
 
     return int(comfy.model_management.get_free_memory(device))
@@ -97,3 +100,7 @@ def load_vae(vae, bytes_needed: int) -> None:
 
     comfy.model_management.load_models_gpu([vae.patcher], memory_required=bytes_needed,
                                            force_full_load=getattr(vae, "disable_offload", False))
+
+
+__all__ = ["SaveTarget", "free_bytes", "free_device_memory", "load_vae", "output_directory", "save_target",
+           "temp_directory", "torch_device", "total_bytes", "unload_models_and_empty_caches"]

@@ -29,3 +29,6 @@ def pack_config():
     from h3director.core.config import load_config
 
     return load_config(config_path())
+
+
+__all__ = ["pack_config"]

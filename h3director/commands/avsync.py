@@ -11,6 +11,7 @@ HELP = "Measure the audio/video offset of a file (positive = audio late) or writ
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `h3director avsync`'s options to `parser` (its argparse sub-parser)."""
     actions = parser.add_subparsers(dest="avsync_action", metavar="ACTION", required=True)
     measure = actions.add_parser(
         "measure", help="measure the offset: sound onsets against picture motion, whole file and per window")
@@ -61,6 +62,11 @@ def _measure(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    """Measure or fix the file in `args`; returns the exit code: 0, or 1 when `measure` found no usable
+    offset.
+
+    Raises InvalidInputError for a missing or unreadable file, a bad `--offset`, or `fix` without a usable
+    offset."""
     if args.avsync_action == "measure":
         result = _measure(args)
         if args.json:
@@ -102,3 +108,6 @@ def _fix(args: argparse.Namespace) -> int:
     else:
         print(f"{report.path}: removed {offset_ms:+.1f} ms ({moved})")
     return 0
+
+
+__all__ = ["HELP", "add_arguments", "run"]

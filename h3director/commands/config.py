@@ -17,6 +17,7 @@ HELP = "Check an h3_config.yaml (every problem listed) or show the effective con
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `h3director config`'s options to `parser` (its argparse sub-parser)."""
     actions = parser.add_subparsers(dest="config_action", metavar="ACTION", required=True)
     check = actions.add_parser("check", help="validate FILE; print OK and the expanded features, or every problem")
     check.add_argument("file", help="path of the YAML file to check")
@@ -36,6 +37,8 @@ def _overrides(config) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Check a config file or show the effective configuration; returns 0, or 1 when `check` finds problems
+    (each one printed). Raises `ConfigError` when `show`'s configuration does not validate."""
     if args.config_action == "check":
         env = {} if args.no_env else os.environ
         try:
@@ -64,3 +67,6 @@ def run(args: argparse.Namespace) -> int:
     print("# features: " + (", ".join(config.features().enabled()) or "none"))
     print(config.to_yaml(), end="")
     return 0
+
+
+__all__ = ["HELP", "add_arguments", "run"]

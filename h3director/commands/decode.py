@@ -19,6 +19,7 @@ SINK_CHOICES = {"memmap": (".npy",), "memmap-float32": (".npy",), "video": (".mp
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `h3director decode`'s options to `parser` (its argparse sub-parser)."""
     parser.add_argument("latents", help="latents file: .safetensors with 'latents' (and optional 'audio_latents'), "
                                         "or a ComfyUI .latent; normalized as the sampler produces them")
     parser.add_argument("--vae", required=True, help="video VAE: diffusers folder or .safetensors file")
@@ -112,8 +113,14 @@ def _progress(enabled: bool):
 
 
 def run(args: argparse.Namespace) -> int:
+    """Decode the latent file in `args` to the output file; returns 0 once the output is complete.
+
+    Raises InvalidInputError for a bad output path or kind, latent file, device, `--crf`, `--fps` or audio
+    option, before any decoding; a decode that runs out of memory on the smallest clip raises
+    `DecodeOutOfMemory`."""
     from h3director.core.atomic_file import check_output_path
     from h3director.core.config import load_config
+    from h3director.core.host_heap import pin_decode_threshold
     from h3director.errors import InvalidInputError
     from h3director.integrations.load_vae import audio_adapter_for, load_vae, video_adapter_for
     from h3director.units import format_size, parse_size
@@ -124,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     decode_settings = config.video_decode
+    pin_decode_threshold(config)           # this process is the director's own (see core/host_heap.py)
     out = check_output_path(args.out, tuple(FILE_SINK_KINDS), "--out")
     budget = parse_size(args.budget, binary_gb=True) if args.budget is not None else None
     crf = decode_settings.crf if args.crf is None else args.crf
@@ -174,3 +182,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"  clip {retry.clip}: {retry.failed.describe()} ran out of memory; retried with "
               f"{retry.retried_with.describe()}", file=sys.stderr)
     return 0
+
+
+__all__ = ["HELP", "add_arguments", "run"]

@@ -39,6 +39,7 @@ AUDIO_TOLERANCE = 1.2e-7   # chunked audio vs the one-call decode: float32 round
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `h3director demo`'s options to `parser` (its argparse sub-parser)."""
     parser.add_argument("--out", default="out", help="folder for demo.mp4, memory.png and memory.json (default: out)")
     parser.add_argument("--frames", type=int, default=DEFAULT_FRAMES,
                         help=f"video frames; 17n+5 is H3's grid (default: {DEFAULT_FRAMES})")
@@ -111,6 +112,7 @@ def _phase_process(kind: str, frames: int, width: int, height: int, seed: int, v
 def _run_phase(kind: str, frames: int, width: int, height: int, seed: int, video_path: str):
     import torch
 
+    from h3director.core.host_heap import pin_decode_threshold
     from h3director.geometry import (
         AUDIO_LATENT_CHANNELS,
         SPATIAL_RATIO,
@@ -142,6 +144,7 @@ def _run_phase(kind: str, frames: int, width: int, height: int, seed: int, video
     digest = DigestSink()
 
     def work():
+        pin_decode_threshold()             # this process is the director's own (see core/host_heap.py)
         sink = TeeSink([VideoFileSink(video_path, audio_sample_rate=audio_adapter.sample_rate), digest])
         stream_decode(video_adapter, latents, sink, audio=AudioJob(audio_adapter, audio_latents), tiles_per_call=1)
 
@@ -231,6 +234,11 @@ def _audio_check(error: float, latent_frames: int, chunk_latents: int) -> tuple[
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the stock and the director's decode of the same small random-initialised latents in child processes
+    and print the comparison; returns 0 when every check says yes, else 1.
+
+    Raises InvalidInputError for `--frames` outside 1..2000 or a bad `--size`; H3DirectorError when a phase
+    fails."""
     from h3director.core.monitor import Monitor
     from h3director.errors import InvalidInputError
     from h3director.geometry import audio_latent_frames_for, latent_frames_for
@@ -270,3 +278,6 @@ def run(args: argparse.Namespace) -> int:
     print(_table(stock, director, checks, video_path))
     print(f"wrote {video_path}, {out_dir / 'memory.png'}, {out_dir / 'memory.json'}")
     return 0 if all(verdict.startswith("yes") for verdict in checks.values()) else 1
+
+
+__all__ = ["HELP", "START_METHOD", "PhaseResult", "add_arguments", "run"]

@@ -12,6 +12,7 @@ HELP = ("Show torch build, devices and free memory, allocator, native core, acti
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `h3director doctor`'s options to `parser` (its argparse sub-parser)."""
     parser.add_argument("--json", action="store_true", help="print JSON for machines")
     parser.add_argument("--config", default=None, help="config file (default: $H3_CONFIG, ./h3_config.yaml, packaged)")
 
@@ -60,6 +61,7 @@ def format_environment(env) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Print this machine's environment (a table, or JSON with `--json`) and its warnings; returns 0."""
     from h3director.core.environment import collect
 
     env = collect(args.config)
@@ -68,3 +70,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_environment(env))
     return 0
+
+
+__all__ = ["HELP", "add_arguments", "run"]

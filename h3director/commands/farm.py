@@ -14,6 +14,7 @@ HELP = ("Render farm on Ray: run a JSONL batch of ComfyUI or diffusers H3 jobs p
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `h3director farm`'s options to `parser` (its argparse sub-parser)."""
     sub = parser.add_subparsers(dest="farm_command", metavar="{run,status}", required=True)
     run = sub.add_parser("run", help="run every job of a JSONL file (resumes an earlier run in the same --out)")
     run.add_argument("jobs", help="JSONL job file: one {\"id\", \"workflow\" or \"diffusers\", overrides...} "
@@ -138,9 +139,15 @@ def _dry_run(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run a farm job file, price it (`--dry-run`) or show a farm's status; returns the exit code (0 when
+    every job finished). Raises InvalidInputError for a missing job file, ComfyUI folder or ledger,
+    conflicting options, or when the `farm` extra (Ray, rich) is not installed."""
     if args.farm_command == "status":
         return _status(args)
     if args.dry_run:
         return _dry_run(args)
     _require_farm_extra()
     return _run(args)
+
+
+__all__ = ["HELP", "add_arguments", "run"]

@@ -38,6 +38,7 @@ REPORT_FILES = ("report.json", "report.csv", "timeline.png")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `h3director monitor`'s options to `parser` (its argparse sub-parser)."""
     parser.add_argument("--interval", type=float, default=None, metavar="MS",
                         help="sampling interval in milliseconds (default: monitor.update_interval_ms of the config, "
                              "50 for --synthetic)")
@@ -99,6 +100,11 @@ def check_report_folder(out: str | os.PathLike, *, plot: bool = True) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the command after `--` (or the synthetic workload) under a `Monitor` and write its report into the
+    `--out` folder; returns the command's exit code (127 when it cannot be started).
+
+    Raises InvalidInputError for neither or both of a command and `--synthetic`, `--ops` without a Python
+    command, a bad `--budget`/`--interval`, or a report folder that cannot be written."""
     from h3director.core.monitor import Monitor, ProcessTree
     from h3director.errors import InvalidInputError
 
@@ -264,3 +270,6 @@ def run_synthetic_workload(monitor, *, scale_mib: int = 128, pause_s: float = 0.
     with monitor.phase("after"):
         time.sleep(pause_s)
     return {"load": 2 * unit, "sample": 3 * unit, "decode": 4 * unit, "after": 0}
+
+
+__all__ = ["HELP", "add_arguments", "ops_command", "run"]

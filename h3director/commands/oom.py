@@ -13,6 +13,7 @@ HELP = "Explain every out-of-memory error in a log: what was requested, what was
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `h3director oom`'s options to `parser` (its argparse sub-parser)."""
     parser.add_argument("file", help="log file to read, or - for standard input")
     parser.add_argument("--ram", default=None,
                         help="host RAM of the machine that ran the job, e.g. 64GB, for the planner's settings "
@@ -38,6 +39,8 @@ def _read(path: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Explain every out-of-memory error in the log file (or stdin for "-"); returns 0 when each was
+    understood, 1 otherwise. Raises InvalidInputError when the log cannot be read."""
     from h3director.core.oom import OomError, explain_log, format_explanations
     from h3director.plan.oom_advice import advise
     from h3director.units import parse_size
@@ -56,3 +59,6 @@ def run(args: argparse.Namespace) -> int:
         print(format_explanations(items))
     # 0: every OOM-like line explained (or none found); 1: something was not understood
     return 0 if all(isinstance(item, OomError) for item in items) else 1
+
+
+__all__ = ["HELP", "add_arguments", "run"]

@@ -29,6 +29,10 @@ def default_device() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the program after `--` (SCRIPT, -m MODULE or -c CODE, then its arguments) under a `TransferLog`
+    on `--device` and write the log as JSON to `--out`, also when the program fails; returns its exit code
+    (1 when it raised). `argv`: the arguments (default `sys.argv[1:]`); argparse exits with 2 on bad
+    arguments."""
     parser = argparse.ArgumentParser(prog="python -m h3director.commands.ops_runner")
     parser.add_argument("--out", required=True)
     parser.add_argument("--device", default=None)
@@ -71,3 +75,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+__all__ = ["main"]

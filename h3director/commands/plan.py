@@ -20,6 +20,7 @@ HELP = "Predict H3's memory per phase for a resolution and length, and recommend
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `h3director plan`'s options to `parser` (its argparse sub-parser)."""
     parser.add_argument("--width", type=int, required=True, help="video width in pixels (multiple of 32, <= 4096)")
     parser.add_argument("--height", type=int, required=True, help="video height in pixels (multiple of 32, <= 4096)")
     parser.add_argument("--frames", type=int, required=True,
@@ -86,6 +87,9 @@ def _budget(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    """Estimate the request in `args` and print the plan and recommendation (text or `--json`), or write the
+    workflow/script it names; returns 0. Raises InvalidInputError for a bad size, frame count, budget or
+    option mix, before any estimate."""
     import dataclasses
 
     from h3director.plan.estimate import estimate
@@ -191,3 +195,6 @@ def _run_devices(args: argparse.Namespace, request) -> int:
     print(f"Budget: {source}\n")
     print(placement.summary())
     return 0
+
+
+__all__ = ["HELP", "add_arguments", "run"]

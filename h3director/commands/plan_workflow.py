@@ -28,6 +28,8 @@ STAGED_FLAGS = ("draft", "draft_fps", "refine_denoise")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the `--workflow`, `--diffusers` and `--staged` option groups (and their file options) to `plan`'s
+    parser."""
     out = parser.add_argument_group("write what runs the plan")
     out.add_argument("--workflow", default=None, metavar="OUT.json",
                      help="write the ComfyUI API-format workflow (with --staged: OUT.stage1.json, OUT.stage2.json)")
@@ -59,7 +61,9 @@ def _given(args: argparse.Namespace, names) -> list[str]:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Refuse flag combinations that would do nothing, and bad output paths, before any planning."""
+    """Refuse, with `InvalidInputError` and before any planning, flag combinations that would do nothing
+    and bad output paths; returns None. Sets `args.target` ("diffusers" with `--diffusers`, else "comfyui"
+    when unset)."""
     from h3director.core.atomic_file import check_output_path
     from h3director.plan.workflow_comfy import dit_file_kind
 
@@ -97,7 +101,8 @@ def check_args(args: argparse.Namespace) -> None:
 
 def formats(args: argparse.Namespace) -> list[str] | None:
     """The DiT formats the plan may choose: `--weights` if given (checked against what loads it when a
-    workflow is written); for a workflow, those its `--dit` file can hold; else None (every format)."""
+    workflow is written); for a workflow, those its `--dit` file can hold; else None (every format).
+    `InvalidInputError` for a GGUF `--dit` without `--weights`, or weights no ComfyUI loader reads."""
     from h3director.plan.capabilities import GGUF_TYPES
     from h3director.plan.formats import weight_format
     from h3director.plan.workflow_comfy import dit_file_kind, loadable_formats
@@ -197,7 +202,9 @@ def stage_paths(path: str) -> tuple[str, str]:
 
 
 def run_staged(args: argparse.Namespace, request, budget, source: str, fmts) -> int:
-    """`--staged`: price both stages, print them (or JSON), and write the two workflows with `--workflow`."""
+    """`--staged`: price both stages of `request` on `budget` (`source` says where the budget came from;
+    `fmts` the DiT formats allowed), print them (or JSON), and write the two workflows with `--workflow`;
+    returns 0."""
     from h3director.plan.staged import (
         DEFAULT_DENOISE,
         DEFAULT_DRAFT_FPS,
@@ -234,3 +241,6 @@ def run_staged(args: argparse.Namespace, request, budget, source: str, fmts) -> 
     for line in written:
         print(line)
     return 0
+
+
+__all__ = ["add_arguments", "check_args", "formats", "run_staged", "write_outputs"]

@@ -14,6 +14,7 @@ HELP = "join chained segments that share N frames into one file (streaming, exac
 
 
 def add_arguments(parser) -> None:
+    """Add `h3director stitch`'s options to `parser` (its argparse sub-parser)."""
     from h3director.av.stitch import AUDIO_CODECS, BLENDS, VIDEO_CODECS
 
     parser.add_argument("segments", nargs="+", help="segment files in chain order (2 or more)")
@@ -39,6 +40,7 @@ def add_arguments(parser) -> None:
 def _run_latents(args) -> int:
     from h3director.av.stitch_latents import check_latent_chain, decode_stitched
     from h3director.core.atomic_file import check_output_path
+    from h3director.core.host_heap import pin_decode_threshold
     from h3director.errors import InvalidInputError
     from h3director.integrations.load_vae import audio_adapter_for, load_vae, video_adapter_for
     from h3director.video.latent_file import read_latent_file
@@ -53,6 +55,7 @@ def _run_latents(args) -> int:
         raise InvalidInputError(f"--audio-vae given but {', '.join(missing)} hold(s) no 'audio_latents'")
     check_latent_chain([f.video for f in files], args.overlap)       # before any weights are loaded
     check_output_path(args.out, tuple(CONTAINER_FORMATS), "--out")
+    pin_decode_threshold()                 # this process is the director's own (see core/host_heap.py)
     video_adapter = video_adapter_for(load_vae(args.vae, "video", args.dtype, args.device))
     audio_adapter = audio_adapter_for(load_vae(args.audio_vae, "audio", args.dtype, args.device)) \
         if args.audio_vae else None
@@ -68,6 +71,9 @@ def _run_latents(args) -> int:
 
 
 def run(args) -> int:
+    """Join the segment files (or latent files with `--vae`) in `args` into `--out`; returns 0 once
+    written. Raises InvalidInputError for segments that cannot be chained or an option that does not apply
+    to the mode."""
     from h3director.av.stitch import stitch_files
 
     if args.vae:
@@ -86,3 +92,6 @@ def run(args) -> int:
           + (f"; {padded} samples of silence padded at segment ends" if padded else "")
           + (f"; audio cross-fades: {', '.join(report.audio_fades)}" if report.audio_fades else ""))
     return 0
+
+
+__all__ = ["HELP", "add_arguments", "run"]

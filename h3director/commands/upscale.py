@@ -19,6 +19,7 @@ HELP = "upscale a video or .npy frame by frame with a spandrel model, exact tile
 
 
 def add_arguments(parser) -> None:
+    """Add `h3director upscale`'s options to `parser` (its argparse sub-parser)."""
     parser.add_argument("input", help="video file (.mp4, .mov, .mkv, ...) or .npy of uint8 frames [F, H, W, 3]")
     parser.add_argument("--model", required=True, help="upscale model (.pth, .pt, .ckpt or .safetensors) spandrel loads")
     parser.add_argument("--out", required=True, help="output: .mp4/.mov/.mkv (H.264, audio copied) or .npy (uint8)")
@@ -63,6 +64,8 @@ def _check_output(args) -> Path:
 
 
 def run(args) -> int:
+    """Upscale the input file in `args` with the model into `--out`; returns 0 once written. Raises
+    InvalidInputError for a bad output path, `--overlap`, tiling, dtype or model, before any frame is read."""
     from h3director.errors import InvalidInputError
     from h3director.integrations.spandrel_models import load_upscale_model
     from h3director.video.sinks import file_sink_for
@@ -95,3 +98,6 @@ def run(args) -> int:
     else:
         print("\n".join(report.lines()))
     return 0
+
+
+__all__ = ["HELP", "add_arguments", "run"]

@@ -14,6 +14,7 @@ HELP = "Check, on this device, that the chunked DiT tiers' GEMM and attention sp
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `h3director verify-kernels`'s options to `parser` (its argparse sub-parser)."""
     parser.add_argument("--device", default=None,
                         help="cpu, cuda, cuda:N or mps (default: the first CUDA device, else MPS, else the CPU)")
     parser.add_argument("--dtype", default="bf16", help="bf16 (default), fp16 or fp32")
@@ -54,6 +55,9 @@ def format_report(report) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the kernel checks of `h3director.dit.kernels` on `--device` and print the report (text or
+    `--json`), caching the result unless `--no-cache`; returns 0. Raises InvalidInputError when the device is
+    not available."""
     from h3director.dit.kernels import verify_kernels
 
     cache = False if args.no_cache else (args.cache or True)
@@ -63,3 +67,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_report(report))
     return 0
+
+
+__all__ = ["HELP", "add_arguments", "run"]

@@ -29,6 +29,7 @@ RELEASED_HIDDEN = 5376
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `h3director weights`'s options to `parser` (its argparse sub-parser)."""
     sub = parser.add_subparsers(dest="weights_action", metavar="ACTION", required=True)
     p = sub.add_parser("inspect", help="what a .safetensors or .gguf file holds (reads the header only)")
     p.add_argument("file")
@@ -60,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run `weights inspect|convert|slim|verify` on the files in `args`; returns 0, or 1 when `verify` finds a
+    mismatch. Raises InvalidInputError for unreadable or malformed files, bad options, or a missing `gguf`
+    package."""
     try:
         return {"inspect": _inspect, "convert": _convert, "slim": _slim, "verify": _verify}[args.weights_action](args)
     except H3DirectorError:
@@ -265,3 +269,6 @@ def _verify(args: argparse.Namespace) -> int:
         for name in report.only_there:
             print(f"  only in {args.against}: {name}")
     return 0 if report.ok else 1
+
+
+__all__ = ["CONVERT_TYPES", "HELP", "add_arguments", "run"]

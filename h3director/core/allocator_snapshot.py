@@ -108,10 +108,9 @@ def read_snapshot_fragmentation(
 
 
 def cuda_allocator_fragmentation(device: int | None = None) -> AllocatorFragmentation:
-    """Read the live CUDA caching allocator (``torch.cuda.memory_snapshot``); needs CUDA.
-
-    ``device`` defaults to the current CUDA device. Under the ``cudaMallocAsync`` backend PyTorch has no
-    segment list to show, and this raises `InvalidInputError` saying so.
+    """`AllocatorFragmentation` (bytes) of the live CUDA caching allocator on `device` (an index; None: the
+    current CUDA device), read from ``torch.cuda.memory_snapshot``. Raises `InvalidInputError` without a
+    CUDA device, and under the ``cudaMallocAsync`` backend, which has no segment list.
     """
     import torch
 
@@ -124,3 +123,6 @@ def cuda_allocator_fragmentation(device: int | None = None) -> AllocatorFragment
         raise InvalidInputError(f"allocator backend is {backend!r}: only the native caching allocator has segments")
     index = torch.cuda.current_device() if device is None else int(device)
     return read_snapshot_fragmentation(torch.cuda.memory_snapshot(include_traces=False), device=index)
+
+
+__all__ = ["AllocatorFragmentation", "cuda_allocator_fragmentation", "read_snapshot_fragmentation"]

@@ -23,7 +23,9 @@ def temporary_path(final: Path, tag: str) -> Path:
 
 
 def check_output_path(path: str | os.PathLike, suffixes: tuple[str, ...], owner: str) -> Path:
-    """Resolve an output path and refuse it early: wrong suffix, missing folder, or a directory."""
+    """Resolve an output path and refuse it early: wrong suffix, missing folder, or a directory. Returns
+    the resolved `Path`; `InvalidInputError`, starting with `owner`, for a suffix not in `suffixes`, a
+    directory, or a folder that is missing or not writable."""
     final = Path(path).expanduser().absolute()
     if final.suffix.lower() not in suffixes:
         raise InvalidInputError(f"{owner}: output must end in {' or '.join(suffixes)}, got {str(final)!r}")
@@ -56,7 +58,8 @@ def commit(temporary: Path, final: Path) -> Path:
 
 
 def remove_quietly(*paths: Path | None) -> None:
-    """Delete temporaries that may or may not exist."""
+    """Delete each of `paths` that exists (None entries are skipped): a missing file is not an error; any
+    other `OSError` propagates."""
     for path in paths:
         if path is not None:
             with contextlib.suppress(FileNotFoundError):
@@ -75,3 +78,6 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         commit(temporary, final)
     finally:
         remove_quietly(temporary)
+
+
+__all__ = ["atomic_path", "check_output_path", "commit", "remove_quietly", "temporary_path"]

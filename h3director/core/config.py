@@ -522,7 +522,9 @@ def parse_yaml_text(text: str, source: str) -> dict[str, Any]:
 
 
 def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
-    """Read one config file with the size limit checked before reading it."""
+    """The mapping in the YAML file at `path`, its size checked against `MAX_CONFIG_BYTES` (bytes) before
+    it is read. Raises `ConfigError` when it cannot be read or is not a file, `ConfigValidationError` when
+    it is too large, not UTF-8 or not valid YAML."""
     path = Path(path)
     source = str(path)
     try:
@@ -652,7 +654,9 @@ def find_config_path(path: str | os.PathLike | None = None, *, env: Mapping[str,
 
 def validate_config(data: Mapping[str, Any], *, source: str = "<mapping>",
                     env: Mapping[str, str] | None = None) -> H3Config:
-    """Validate a mapping (plus ``H3_...`` overrides from ``env``, none when omitted) into `H3Config`."""
+    """Validate a mapping (plus ``H3_...`` overrides from ``env``, none when omitted) into `H3Config`.
+    `source` names where the mapping came from, in messages. Raises `ConfigValidationError` listing every
+    problem."""
     overrides, origin_of, applied, problems = _env_overrides(env or {})
     merged = _merge(dict(data), overrides)
     config = None
@@ -669,12 +673,16 @@ def validate_config(data: Mapping[str, Any], *, source: str = "<mapping>",
 
 
 def load_config(path: str | os.PathLike | None = None, *, env: Mapping[str, str] | None = None) -> H3Config:
-    """Find, read, validate and override the configuration (see the module docstring for the order).
-
-    ``env`` defaults to ``os.environ``; pass ``{}`` to ignore the environment. Raises `ConfigError`
-    (a `ConfigValidationError` with ``.problems`` when the content is wrong).
+    """The validated `H3Config` from `path` (None: the file `find_config_path` picks), with the `H3_...`
+    overrides in `env` (default `os.environ`; `{}` ignores the environment) applied. Raises `ConfigError`
+    (a `ConfigValidationError` listing every problem when the content is wrong).
     """
     env = os.environ if env is None else env
     chosen = find_config_path(path, env=env)
     data = read_config_file(chosen)
     return validate_config(data, source=str(chosen), env=env)
+
+
+__all__ = ["ENV_NOT_CONFIG", "MAX_CONFIG_BYTES", "Allocator", "ConfigProblem", "ConfigValidationError",
+           "Features", "H3Config", "MemorySafety", "MonitorSettings", "VideoDecode", "default_config_path",
+           "env_name", "find_config_path", "load_config", "read_config_file", "validate_config"]

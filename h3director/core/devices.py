@@ -373,3 +373,9 @@ def available_devices() -> list[str]:
     if torch.backends.mps.is_available():
         devices.append("mps")
     return devices
+
+
+__all__ = ["DeviceSample", "HostSample", "available_devices", "cuda_allocator_backend", "device_used_bytes",
+           "linux_rss_and_peak", "nvml_available", "nvml_device_memory", "nvml_module",
+           "nvml_process_gpu_bytes", "parse_device", "peak_rss_bytes", "process_rss_bytes", "reset_peak_rss",
+           "ru_maxrss_bytes", "sample_device", "sample_host"]

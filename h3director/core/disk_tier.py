@@ -57,6 +57,9 @@ class DiskTierError(H3DirectorError):
 
 @dataclass(frozen=True)
 class DiskEntry:
+    """One entry of a `DiskTier`: its `key`, `nbytes` (bytes on disk) and `last_used` (seconds since the
+    epoch, the file's modification time)."""
+
     key: str
     nbytes: int
     last_used: float   # seconds since the epoch (file modification time)
@@ -251,3 +254,6 @@ class DiskTier:
                 if self._remove_owned(path):
                     removed += 1
         return removed
+
+
+__all__ = ["MARKER_NAME", "DiskEntry", "DiskTier", "DiskTierError"]

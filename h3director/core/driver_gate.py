@@ -144,7 +144,8 @@ def collect_driver_info() -> DriverInfo:
 
 
 def driver_lines(info: DriverInfo) -> list[tuple[str, str]]:
-    """Rows for `doctor`'s table."""
+    """`doctor`'s (label, value) rows for `info`: the NVIDIA driver (version, CUDA it supports, GPUs) and
+    the CUDA runtime torch was built with."""
     if info.driver_version is None:
         return [("NVIDIA driver", f"none: {info.status}"),
                 ("CUDA runtime", info.cuda_runtime_version or "none (CPU build of torch)")]
@@ -155,3 +156,7 @@ def driver_lines(info: DriverInfo) -> list[tuple[str, str]]:
     return [("NVIDIA driver", f"{info.driver_version} (supports CUDA {info.cuda_driver_version}; {gpus})"
              + ("" if info.status == "read" else f" [{info.status}]")),
             ("CUDA runtime", f"{runtime}, as torch was built")]
+
+
+__all__ = ["DriverFloor", "DriverInfo", "KnownBadPair", "collect_driver_info", "driver_lines",
+           "driver_warnings", "read_driver_info"]

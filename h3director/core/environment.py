@@ -32,6 +32,9 @@ LONG_VIDEO_F32_BYTES = 362 * 1344 * 768 * 3 * 4
 
 @dataclass
 class DeviceInfo:
+    """One device as `doctor` shows it: `device` ("cpu", "cuda:0", ...), its `name`, `total_bytes` and
+    `free_bytes` (bytes; None where unknown) and a `note`."""
+
     device: str
     name: str
     total_bytes: int | None
@@ -41,6 +44,10 @@ class DeviceInfo:
 
 @dataclass
 class Environment:
+    """What `collect()` found about this machine and install, for `h3director doctor` (`to_dict` for
+    `--json`): versions, build, devices, allocator, native core, config (path, level, features, problems),
+    NVML, optional packages, the NVIDIA driver gate, and the `warnings` to act on."""
+
     h3director: str
     python: str
     platform: str
@@ -160,7 +167,9 @@ def _device_list(torch) -> list[DeviceInfo]:
 
 
 def collect(config_path: str | None = None) -> Environment:
-    """Gather the environment and derive warnings. Never raises for a bad config: it is reported."""
+    """The `Environment` of this process and machine, with its warnings derived; `config_path` names the
+    config to report (None: the file `load_config` would read). Never raises for a bad config: its problems
+    are reported."""
     import torch
 
     from h3director.core.config import find_config_path, load_config
@@ -252,3 +261,6 @@ def collect(config_path: str | None = None) -> Environment:
                         "first use")
     env.warnings = warnings
     return env
+
+
+__all__ = ["DeviceInfo", "Environment", "collect", "native_core_line", "native_fallback_cost"]

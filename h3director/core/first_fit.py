@@ -79,3 +79,6 @@ class FirstFitHeap:
 
     def fragmentation(self) -> float:
         return fragmentation(self._sizes.values())
+
+
+__all__ = ["FirstFitHeap"]

@@ -426,3 +426,6 @@ class MemoryGuard:
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``@guard`` decorates ``fn`` with `run` under its qualified name."""
         return self.protect()(fn)
+
+
+__all__ = ["GuardEvent", "MemoryGuard", "MemoryLimitExceeded", "free_caches"]

@@ -198,3 +198,6 @@ class TensorCensus:
 def _spanned(item: NewStorage) -> int:
     tensor = item.tensor()
     return 0 if tensor is None else tensor.numel() * tensor.element_size()
+
+
+__all__ = ["HeldBytes", "NewStorage", "StorageSet", "TensorCensus", "held_tensor_bytes"]

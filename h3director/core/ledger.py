@@ -412,3 +412,6 @@ class MemoryLedger:
 
 def _steps(start: dict[str, int], end: dict[str, int]) -> dict[str, int]:
     return {series: value - start[series] for series, value in end.items() if series in start}
+
+
+__all__ = ["HOST", "JobRecord", "KeptMemory", "Leak", "LeakRule", "LedgerReading", "MemoryLedger"]

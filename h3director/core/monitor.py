@@ -522,3 +522,6 @@ class ProcessTree:
         if usage is None:
             return None
         return float(sum(usage.get(pid, 0) for pid in self._last_pids))
+
+
+__all__ = ["Monitor", "MonitorReport", "PhaseSpan", "ProcessTree", "Sample"]

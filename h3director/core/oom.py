@@ -54,7 +54,8 @@ for _power, _letter in enumerate("KMGT", start=1):
 
 
 def parse_size_text(text: str) -> int:
-    """``"3.78 GiB"`` -> bytes (binary units, also for MPS's "GB"); ``"512 bytes"`` -> 512."""
+    """``"3.78 GiB"`` -> bytes (binary units, also for MPS's "GB"); ``"512 bytes"`` -> 512. `ValueError`
+    for anything else."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*(bytes|[KMGT]i?B)\s*", text)
     if not match:
         raise ValueError(f"not a PyTorch size: {text!r}")
@@ -593,7 +594,8 @@ def explain_log(text: str, *, dedupe: bool = True) -> list[OomError | NotUnderst
 
 
 def format_explanations(items: list[OomError | NotUnderstood]) -> str:
-    """Human-readable explanation of `explain_log`'s result."""
+    """`explain_log`'s `items` as text for a person: one block per error or not-understood line, or "no
+    out-of-memory errors found" for none."""
     if not items:
         return "no out-of-memory errors found"
     blocks = []
@@ -617,3 +619,7 @@ def format_explanations(items: list[OomError | NotUnderstood]) -> str:
     understood = sum(isinstance(item, OomError) for item in items)
     blocks.append(f"{understood} out-of-memory error(s) explained, {len(items) - understood} line(s) not understood")
     return "\n\n".join(blocks)
+
+
+__all__ = ["CUDA_ERROR_MEMORY_ALLOCATION", "MAX_LOG_CHARS", "NotUnderstood", "OomError", "explain_log",
+           "format_explanations", "is_out_of_memory", "mentions_out_of_memory", "parse_size_text"]

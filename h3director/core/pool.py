@@ -47,7 +47,10 @@ the surviving leases of generation <= g by one. A young collection runs at most 
 ``generation_gc_interval_ms`` when the pool is used and every tenth one also collects generation
 1; when a request does not fit, collections of 0, 1 and 2 run in turn before giving up ("pressure";
 a full collection of generation 2 at most once per ten intervals, as it walks every Python object).
-Each collection's cost is measured (`CollectionReport.seconds`).
+Each collection's cost is measured (`CollectionReport.seconds`). What it reclaimed
+(`CollectionReport.reclaimed_leases` / ``reclaimed_bytes``, summed in ``stats().reclaimed_by_collection``)
+is every lease, of any generation, whose slots it returned: those whose tensors died since the last pool
+call and those Python's collector freed.
 
 Fallback
 --------
@@ -459,9 +462,13 @@ class SlotPool:
 
     def _collect_locked(self, generation: int) -> CollectionReport:
         started = time.perf_counter()
-        self._drain_pending()
+        # Every lease whose slots this collection returns counts, whatever its lifetime class: those whose
+        # tensors died since the last pool call and those the cyclic collector frees. (The pool's generations
+        # are lifetime classes, not Python's collector generations: `gc.collect(0)` frees a clip's buffers,
+        # class 1, when a young reference cycle held them.)
+        reclaimed = self._drain_pending()
         gc.collect(generation)
-        reclaimed = [r for r in self._drain_pending() if r.generation <= generation]
+        reclaimed += self._drain_pending()
         promoted = 0
         for record in itertools.chain(self._live.values(), self._fallback_live.values()):
             if record.generation <= generation and record.generation < OLD:
@@ -565,3 +572,6 @@ class SlotPool:
         reader = self._monitor_values  # one bound method: the monitor calls a shared reader once per sample
         for name, unit in _MONITOR_UNITS.items():
             monitor.add_series(name, reader, unit=unit)
+
+
+__all__ = ["MIDDLE", "OLD", "YOUNG", "CollectionReport", "Lease", "PoolStats", "SlotPool"]

@@ -69,7 +69,8 @@ def pool_heatmap(pool: SlotPool, *, columns: int | None = None) -> PoolHeatmap:
 
 
 def save_pool_heatmap(pool: SlotPool, path: str | os.PathLike, *, columns: int | None = None) -> PoolHeatmap:
-    """Write the heatmap PNG to ``path`` (temporary name, then rename) and return its numbers."""
+    """Write the heatmap PNG to ``path`` (temporary name, then rename) and return its numbers. Needs
+    matplotlib (the `plot` extra): `ImportError` naming the install command without it."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.colors import ListedColormap
@@ -97,3 +98,7 @@ def save_pool_heatmap(pool: SlotPool, path: str | os.PathLike, *, columns: int |
     with atomic_path(path) as temporary:
         fig.savefig(temporary, format="png", dpi=100, bbox_inches="tight")
     return heatmap
+
+
+__all__ = ["COLORS", "EMPTY", "FALLBACK", "FREE", "LEASED", "PoolHeatmap", "pool_heatmap",
+           "save_pool_heatmap"]

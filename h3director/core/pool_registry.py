@@ -50,3 +50,6 @@ def drop_pools() -> None:
     """Forget every pool (their memory returns once their last leases are gone)."""
     with _lock:
         _pools.clear()
+
+
+__all__ = ["held_pools", "process_pool"]

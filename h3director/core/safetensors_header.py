@@ -50,6 +50,10 @@ class TensorEntry:
 
 @dataclass(frozen=True)
 class SafetensorsHeader:
+    """A checked safetensors header (`read_header`): `tensors` by name, the `metadata` strings,
+    `header_bytes` (bytes of the JSON header, after the 8-byte length) and `file_bytes` (bytes of the whole
+    file)."""
+
     tensors: dict[str, TensorEntry]
     metadata: dict[str, str]
     header_bytes: int
@@ -134,3 +138,6 @@ def _check_entry(where: str, name: str, entry: object, limits: SafetensorsLimits
             f"{where!r}: tensor {name!r} declares {dtype} {shape} ({nbytes} bytes) but its data spans {end - begin} bytes"
         )
     return TensorEntry(name=name, dtype=dtype, shape=tuple(shape), nbytes=nbytes)
+
+
+__all__ = ["WEIGHT_LIMITS", "SafetensorsHeader", "SafetensorsLimits", "TensorEntry", "read_header"]

@@ -6,12 +6,20 @@ Conventions
   by ``owner``. ``get(key, owner=...)`` returns a view of it and, when ``owner`` is given, adds a
   reference for that owner; ``release(key, owner)`` drops one, and the entry leaves memory when no
   reference is left (it stays on the disk tier, if there is one). An entry read back from the disk
-  tier stays in memory only once an owner takes a reference to it.
+  tier stays in memory only once an owner takes a reference to it (or the read asks to ``keep`` it).
+- One physical copy: every view is over the stored tensor's storage (same ``data_ptr``), so any
+  number of consumers of one key hold its bytes once.
 - Views are read-only by contract: PyTorch has no read-only tensors, so writes are detected instead.
-  Every view shares the stored tensor's version counter (``tensor._version``), which every in-place
-  op bumps; the store checks it on each access and raises `SharedTensorMutatedError` naming the
-  producer and the owners that held views. In debug mode a blake2b checksum of the bytes is checked
-  too, which also catches writes that bypass the counter (``.data``, numpy views, foreign kernels).
+  A named consumer (``owner`` or ``reader``) gets a view of its own: a tensor over the same storage
+  with its own version counter (``tensor._version``, which every in-place op on it or on a view of
+  it bumps), kept by the store and handed out again on that consumer's next read. An unnamed read
+  gets a plain view, which shares the stored tensor's counter. The store checks the counters on
+  each access to the key and raises `SharedTensorMutatedError` naming the consumer whose view was
+  written (or the producer, for the stored tensor's own counter) and every consumer holding views.
+  In debug mode a blake2b checksum of the bytes is checked too, which also catches writes that
+  bypass the counters (``.data``, numpy views, foreign kernels). Each write is reported once: an
+  entry the disk tier holds leaves memory (its next read loads the bytes as they were put), any
+  other entry stays as written and its counters are re-armed.
 - Inference tensors (made under ``torch.inference_mode``, as ComfyUI runs its nodes) track no version
   counter, so ``put`` stores a normal copy of one (made with inference mode off) instead of the
   tensor itself, and entries read from the disk tier are created with inference mode off.
@@ -85,6 +93,7 @@ class _Entry:
     checksum: bytes | None
     holders: Counter = field(default_factory=Counter)
     readers: list[str] = field(default_factory=list)
+    views: dict[str, list] = field(default_factory=dict)   # consumer -> [its own view, version last checked]
 
     @property
     def nbytes(self) -> int:
@@ -171,6 +180,7 @@ class SharedTensorStore:
         self._bytes_saved = 0
         self._hits = self._misses = self._disk_hits = self._mutations = self._spills = 0
         self.dropped = 0                 # entries dropped for the budget without a disk tier (logged at WARNING)
+        self._dropped_written: set[str] = set()   # keys whose written-to entry left memory for its disk copy
 
     @classmethod
     def from_config(cls, config, disk_dir: str | os.PathLike | None = None) -> SharedTensorStore | None:
@@ -244,14 +254,21 @@ class SharedTensorStore:
 
     # ------------------------------------------------------------------ reads
 
-    def get(self, key: str, owner: str | None = None, *, keep: bool = False) -> torch.Tensor | None:
+    def get(self, key: str, owner: str | None = None, *, keep: bool = False,
+            reader: str | None = None) -> torch.Tensor | None:
         """A read-only view of the tensor under ``key`` (None if absent); ``owner`` takes a reference.
 
-        An entry found only on the disk tier comes back into memory when ``owner`` is given or ``keep``
-        is true (a cache read), else it is read for this call only."""
+        ``reader`` names a consumer without taking a reference (a node whose output the graph keeps).
+        A named consumer (``owner`` or ``reader``) gets its own view, so a write through it is reported
+        with its name (see the module docstring). An entry found only on the disk tier comes back into
+        memory when ``owner`` is given or ``keep`` is true (a cache read), else it is read for this call
+        only. Raises `SharedTensorMutatedError` when a view of the entry was written since the last check.
+        """
         self._check_key(key)
         if owner is not None:
             self._check_owner(owner)
+        if reader is not None:
+            self._check_owner(reader)
         with self._lock:
             entry = self._entries.get(key)
             if entry is None and self.disk is not None:
@@ -267,12 +284,29 @@ class SharedTensorStore:
             self._bytes_saved += entry.nbytes
             if owner is not None:
                 entry.holders[owner] += 1
-                if owner not in entry.readers:
-                    entry.readers.append(owner)
-            self._log("get", key, owner)
-            view = entry.tensor.view(entry.tensor.shape)
+            consumer = owner if owner is not None else reader
+            if consumer is not None and consumer not in entry.readers:
+                entry.readers.append(consumer)
+            self._log("get", key, consumer)
+            view = self._view_for(entry, consumer)
             self._enforce_budget()
             return view
+
+    @staticmethod
+    def _view_for(entry: _Entry, consumer: str | None) -> torch.Tensor:
+        """``consumer``'s own view of the entry's storage (made once, then reused), or a plain view."""
+        if consumer is None:
+            return entry.tensor.view(entry.tensor.shape)
+        known = entry.views.get(consumer)
+        if known is None:
+            stored = entry.tensor
+            # A new tensor over the same storage has a version counter of its own (a `.view` would share
+            # the stored tensor's); made outside inference mode so that it has one at all.
+            with torch.inference_mode(False):
+                view = torch.empty(0, dtype=stored.dtype, device=stored.device).set_(
+                    stored.untyped_storage(), stored.storage_offset(), stored.shape, stored.stride())
+            known = entry.views[consumer] = [view, view._version]
+        return known[0]
 
     def _load_from_disk(self, key: str, *, keep: bool) -> _Entry | None:
         """Read ``key`` from the disk tier; ``keep`` it in memory only if an owner takes a reference."""
@@ -307,32 +341,46 @@ class SharedTensorStore:
             return left
 
     def _spilled(self, key: str) -> bool:
-        return self.memory_budget_bytes is not None and self.disk is not None and self.disk.contains(key)
+        return ((self.memory_budget_bytes is not None or key in self._dropped_written)
+                and self.disk is not None and self.disk.contains(key))
 
     def check(self, key: str | None = None) -> None:
-        """Verify one entry (or all) for in-place mutation; raises `SharedTensorMutatedError`."""
+        """Verify one entry in memory (or all) for in-place mutation; raises `SharedTensorMutatedError`."""
         with self._lock:
-            items = [(key, self._entries[key])] if key is not None else list(self._entries.items())
+            if key is None:
+                items = list(self._entries.items())
+            else:
+                items = [(key, self._entries[key])] if key in self._entries else []
             for name, entry in items:
                 self._verify(name, entry)
 
     def _verify(self, key: str, entry: _Entry) -> None:
-        how = None
+        writes = [f"by consumer {name!r} (version counter {seen} -> {view._version})"
+                  for name, (view, seen) in entry.views.items() if view._version != seen]
         if entry.tensor._version != entry.version:
-            how = f"version counter {entry.version} -> {entry.tensor._version}"
-        elif entry.checksum is not None and _tensor_digest(entry.tensor) != entry.checksum:
-            how = "checksum changed (a write that bypassed the version counter)"
-        if how is None:
+            writes.append(f"by its producer or an unnamed reader (version counter {entry.version} -> "
+                          f"{entry.tensor._version})")
+        if not writes and entry.checksum is not None and _tensor_digest(entry.tensor) != entry.checksum:
+            writes.append("(checksum changed: a write that bypassed the version counters)")
+        if not writes:
             return
         self._mutations += 1
         readers = ", ".join(repr(r) for r in entry.readers) or "no reader yet (the producer itself)"
         message = (
-            f"shared tensor {key!r} produced by {entry.producer!r} was modified in place ({how}); "
+            f"shared tensor {key!r} produced by {entry.producer!r} was modified in place {'; '.join(writes)}; "
             f"owners holding views: {readers}. Shared tensors are read-only: clone before writing."
         )
         log.error(message)
+        if self.disk is not None and self._entries.get(key) is entry and self.disk.contains(key):
+            # the disk tier holds the bytes as they were put: the next read gets those, not the written ones
+            del self._entries[key]
+            self._dropped_written.add(key)
+            raise SharedTensorMutatedError(message + " The entry left memory; its next read comes from the disk "
+                                           "tier as it was written.")
         # Re-arm so the same mutation is reported once, not on every later access.
         entry.version = entry.tensor._version
+        for known in entry.views.values():
+            known[1] = known[0]._version
         if entry.checksum is not None:
             entry.checksum = _tensor_digest(entry.tensor)
         raise SharedTensorMutatedError(message)
@@ -382,3 +430,7 @@ class SharedTensorStore:
     def _log(self, action: str, key: str, owner: str | None) -> None:
         if self.debug:
             log.info("shared %s key=%s owner=%s thread=%s", action, key, owner, threading.current_thread().name)
+
+
+__all__ = ["SharedKeyConflictError", "SharedTensorMutatedError", "SharedTensorStore", "StoreStats",
+           "content_key"]

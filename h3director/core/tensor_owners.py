@@ -178,3 +178,6 @@ def _classify(holder: Any, step: str, climb: _Climb, module_dicts: dict[int, str
     cls = type(holder)
     owner = Owner("object", f"{cls.__module__}.{cls.__qualname__}", cls.__module__, step + climb.path)
     return None, _Climb(climb.target_index, holder, "", owner)
+
+
+__all__ = ["Owner", "find_owners"]

@@ -107,3 +107,6 @@ def _time_of_peak(report: MonitorReport, series: str, value: float, phase: str |
         if sample.values.get(series) == value and (phase is None or phase in sample.phases):
             return sample.t
     return report.samples[0].t if report.samples else 0.0
+
+
+__all__ = ["DPI", "FIGSIZE_IN", "plot_timeline"]

@@ -270,7 +270,8 @@ class TransferLog(TorchDispatchMode):
 
 
 def format_table(log: dict[str, Any], top: int = 8) -> str:
-    """The table of `TransferLog.table` from a `to_dict()` (also as read back from JSON)."""
+    """The text table of a `TransferLog.to_dict()` `log` (also as read back from JSON): the worst `top`
+    rows per phase, then the totals and PyTorch's fallback warnings. `InvalidInputError` for `top` < 1."""
     if top < 1:
         raise InvalidInputError(f"top must be at least 1, got {top}")
     rows = log.get("rows") or []
@@ -291,3 +292,6 @@ def format_table(log: dict[str, Any], top: int = 8) -> str:
     for message in log.get("fallback_warnings") or []:
         lines.append(f"  PyTorch: {message.strip()[:160]}")
     return "\n".join(lines)
+
+
+__all__ = ["OpRow", "TransferLog", "copy_kind", "format_table", "phase"]

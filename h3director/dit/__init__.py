@@ -21,3 +21,5 @@ Exactness classes (see shared design.md): *exact by construction* changes only l
 verified* regroups the same arithmetic (row chunks of a GEMM, head groups of attention) and is
 bit-identical only where the kernel is batch-invariant, which `kernels` checks per device.
 """
+
+__all__: list[str] = []

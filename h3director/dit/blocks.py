@@ -77,3 +77,6 @@ def swiglu_rows(swiglu: Callable[[Any], Any], h, start: int, stop: int, total: i
         for c0, c1 in spans:
             out[row, c0:c1] = swiglu(torch.cat((source[c0:c1], source[width + c0:width + c1])))
     return out
+
+
+__all__ = ["chunked_rows", "grouped_attention", "swiglu_rows", "thread_cut_rows"]

@@ -32,12 +32,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from h3director.dit.tiers import STOCK, DiTMemoryPlan, escalation_ladder
+from h3director.dit.tiers import STOCK, DiTMemoryPlan, escalation_from, escalation_ladder
 from h3director.errors import BudgetError, InvalidInputError
 from h3director.plan.activations import DiTCostModel, DiTShape
 from h3director.units import format_size
 
 MODES = ("auto", "exact only", "fixed")
+"""The DiT memory modes, the one list every adapter and node uses: "auto" (any tier from the floor up), "exact
+only" (through verified tiers only), "fixed" (the floor only)."""
 DEFAULT_MARGIN = 0.10
 
 CostModel = Callable[[DiTMemoryPlan, int, Any], int]
@@ -56,6 +58,13 @@ class CapacityDecision:
     escalated: bool
 
 
+def check_mode(mode: str) -> str:
+    """`mode` when it is one of `MODES`; `InvalidInputError` naming them otherwise."""
+    if mode not in MODES:
+        raise InvalidInputError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+    return mode
+
+
 def ledger_cost_model(shape: DiTShape | None = None, framework: str = "diffusers", attention: str = "flash",
                       device: Any = None) -> DiTCostModel:
     """A cost model from the planner's ledgers for `framework` ("diffusers" or "comfy"); `shape` default:
@@ -64,6 +73,14 @@ def ledger_cost_model(shape: DiTShape | None = None, framework: str = "diffusers
     pipelines use, and fused under `torch.inference_mode()`, which ComfyUI's executor uses."""
     fused = device is None or _kind(device) != "cpu" or framework == "comfy"
     return DiTCostModel(shape or DiTShape(), framework, attention, fused_norms=fused)
+
+
+def default_capacity(shape: DiTShape | None, framework: str, device: Any, budget_bytes: int | None = None,
+                     attention: str = "flash") -> CapacityCheck:
+    """The capacity check an adapter uses when the caller gives none: `ledger_cost_model(shape, framework,
+    attention, device)` on `device` (`shape` None: the released H3 DiT), capped by `budget_bytes` (bytes;
+    None = what the device can give), with the default margin."""
+    return CapacityCheck(ledger_cost_model(shape, framework, attention, device), device, budget_bytes=budget_bytes)
 
 
 def _kind(device: Any) -> str:
@@ -172,16 +189,11 @@ class CapacityCheck:
     def candidates(self, floor: DiTMemoryPlan, rows: int, mode: str) -> list[DiTMemoryPlan]:
         """The tiers `choose` tries, in order: `floor`, then (unless "fixed") every ladder tier at least
         as chunked as `floor` in each technique."""
-        if mode not in MODES:
-            raise InvalidInputError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+        check_mode(mode)
         floor.check_fits(self.heads, rows)
         if mode == "fixed":
             return [floor]
-        tiers = [floor]
-        for plan in escalation_ladder(self.heads, rows):
-            if plan != floor and _at_least(plan, floor):
-                tiers.append(plan)
-        return tiers
+        return [floor, *escalation_from(floor, self.heads, rows)]
 
     def choose(self, rows: int, dtype: Any, floor: DiTMemoryPlan, mode: str = "auto",
                verified: Iterable[str] = ()) -> CapacityDecision:
@@ -243,13 +255,6 @@ class CapacityCheck:
         return self.calibration
 
 
-def _at_least(plan: DiTMemoryPlan, floor: DiTMemoryPlan) -> bool:
-    if floor.is_stock:
-        return True
-    return (plan.head_chunks >= floor.head_chunks and plan.ffn_chunks >= floor.ffn_chunks
-            and plan.query_chunks >= floor.query_chunks)
-
-
 def _setting(plan: DiTMemoryPlan) -> str:
     """The node / `apply_memory_plan` settings that run `plan`."""
     if plan == STOCK:
@@ -258,3 +263,6 @@ def _setting(plan: DiTMemoryPlan) -> str:
     if plan.query_chunks > 1:
         text += f", query_chunks {plan.query_chunks}"
     return text
+
+
+__all__ = ["CapacityCheck", "CapacityDecision", "cuda_process_cap", "device_have_bytes", "ledger_cost_model"]

@@ -253,3 +253,7 @@ def write_entry(entry: dict[str, Any], path: str | os.PathLike | None = None) ->
     with atomic_path(before.path) as temporary:
         temporary.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     return before
+
+
+__all__ = ["KEY_FIELDS", "MAX_CACHE_BYTES", "CacheRead", "default_cache_path", "environment_key",
+           "find_entry", "read_cache", "row_class", "write_entry"]

@@ -83,6 +83,12 @@ class KernelWidths:
         """Attention width: heads x head_dim (7168 for H3)."""
         return self.heads * self.head_dim
 
+    @classmethod
+    def of(cls, shape: Any) -> KernelWidths:
+        """The widths of a model shape (`h3director.plan.activations.DiTShape` or anything with `hidden`,
+        `heads`, `head_dim` and `ffn`)."""
+        return cls(hidden=int(shape.hidden), heads=int(shape.heads), head_dim=int(shape.head_dim), ffn=int(shape.ffn))
+
 
 H3_WIDTHS = KernelWidths()
 
@@ -577,21 +583,12 @@ def verified_properties(device: Any, dtype: Any, path: Any = None, widths: Kerne
     return set(lookup(device, dtype, path, widths, rows).verified)
 
 
-def verified_for_model(device: Any, dtype: Any, widths: KernelWidths | None = None,
-                       rows: int | None = None) -> set[str]:
-    """`verified_properties` for a model about to run ``rows`` packed rows (what the DiT adapters ask): a
-    device or dtype that `verify-kernels` cannot check (fp8 weights, say) has nothing verified rather than
-    an error, which leaves only the tiers exact by construction to "exact only" mode."""
-    try:
-        return verified_properties(device, dtype, widths=widths, rows=rows)
-    except InvalidInputError as error:
-        log.info("no verified kernel properties for %s %s: %s", device, dtype, error)
-        return set()
-
-
 def lookup_for_model(device: Any, dtype: Any, widths: KernelWidths | None = None,
                      rows: int | None = None) -> CacheLookup | None:
-    """`lookup`, or None where `verify-kernels` cannot check the device or dtype."""
+    """`lookup` for a model about to run ``rows`` packed rows (what the DiT adapters ask, through
+    `h3director.dit.memory.VerificationCache`), or None where `verify-kernels` cannot check the device or
+    dtype (fp8 weights, say): then nothing is verified, which leaves "exact only" the tiers exact by
+    construction."""
     try:
         return lookup(device, dtype, widths=widths, rows=rows)
     except InvalidInputError as error:
@@ -637,3 +634,8 @@ def exactness_text(relies_on: tuple[str, ...] | list[str], found: CacheLookup | 
     threads = f", {key['threads']} threads" if key.get("threads") else ""
     return (f"exact (verified: {', '.join(needs)} at {shape} (row class {lo:,}-{hi:,}), {key.get('device_name')}, "
             f"torch {key.get('torch')}{threads}, {key.get('dtype')}, {found.path})")
+
+
+__all__ = ["H3_WIDTHS", "CacheLookup", "KernelReport", "KernelWidths", "PropertyResult", "VariantResult",
+           "exactness_text", "lookup", "lookup_for_model", "verified_properties",
+           "verify_kernels"]

@@ -39,3 +39,6 @@ def head_ranges(heads: int, groups: int) -> list[tuple[int, int]]:
 def divisors(n: int) -> list[int]:
     """The divisors of `n` in increasing order (the valid head-group counts for `n` heads)."""
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+__all__ = ["divisors", "head_ranges", "row_ranges"]

@@ -93,3 +93,6 @@ def rows_to_redo(start: int, stop: int, total: int, width: int, threads: int,
     Empty when the chunk is all the rows or no thread cut crosses a row differently. Raises
     `InvalidInputError` when `width` exceeds `grain` (a one-row redo would itself be split among threads)."""
     return [(row, spans) for _, row, spans in batch_rows_to_redo(start, stop, total, width, threads, 1, grain)]
+
+
+__all__ = ["GRAIN_SIZE", "batch_rows_to_redo", "rows_to_redo", "thread_cuts"]

@@ -154,6 +154,21 @@ def escalation_ladder(heads: int, rows: int | None = None, max_query_chunks: int
     return fitting
 
 
+def at_least_as_chunked(plan: DiTMemoryPlan, floor: DiTMemoryPlan) -> bool:
+    """Whether `plan` splits every technique at least as finely as `floor` (any tier is, over `STOCK`): the tiers
+    an escalation from `floor` may move to."""
+    if floor.is_stock:
+        return True
+    return (plan.head_chunks >= floor.head_chunks and plan.ffn_chunks >= floor.ffn_chunks
+            and plan.query_chunks >= floor.query_chunks)
+
+
+def escalation_from(floor: DiTMemoryPlan, heads: int, rows: int | None = None) -> list[DiTMemoryPlan]:
+    """The tiers above `floor`, cheapest first: every `escalation_ladder(heads, rows)` tier other than `floor`
+    that is at least as chunked as it (`at_least_as_chunked`)."""
+    return [plan for plan in escalation_ladder(heads, rows) if plan != floor and at_least_as_chunked(plan, floor)]
+
+
 def keep_verified(plan: DiTMemoryPlan, verified: set[str] | frozenset[str]) -> tuple[DiTMemoryPlan, list[str]]:
     """`plan` with every technique whose kernel properties are not all in `verified` set back to its stock
     form (head groups, query chunks or FFN row chunks to 1), and one note per technique kept stock. What
@@ -172,3 +187,8 @@ def keep_verified(plan: DiTMemoryPlan, verified: set[str] | frozenset[str]) -> t
     if not notes:
         return plan, []
     return DiTMemoryPlan(head_chunks=head, ffn_chunks=ffn, query_chunks=query, lifetime=plan.lifetime), notes
+
+
+__all__ = ["ATTENTION_HEAD_GROUPS", "ATTENTION_QUERY_CHUNKS", "FFN_ROW_CHUNKS", "KERNEL_PROPERTIES",
+           "LIFETIME_ONLY", "QKV_COLUMN_GROUPS", "QUERY_ALIGN", "STOCK", "DiTMemoryPlan", "Exactness",
+           "escalation_ladder", "keep_verified"]

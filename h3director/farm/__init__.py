@@ -12,3 +12,5 @@
 Nothing here imports ComfyUI; `ray` and `rich` (the `farm` extra) and diffusers (`diffusers_job`, in the worker)
 are imported where used.
 """
+
+__all__: list[str] = []

@@ -227,3 +227,6 @@ class ComfyServer:
             return RunResult(kind, peak_bytes=peak, peak_series=series, error=message.strip(), seconds=seconds)
         return RunResult("done", files=self._collect(entry.get("outputs", {})), peak_bytes=peak,
                          peak_series=series, seconds=seconds)
+
+
+__all__ = ["ComfyServer", "RunResult", "ServerError"]

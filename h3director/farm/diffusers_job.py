@@ -14,8 +14,10 @@ A job line names the pipeline with ``"diffusers": {...}`` and the usual ``seed``
   text encoder's output; `text_dim` is the transformer config's) and optionally ``text_token_tags`` ``[L]``
   (default all ones). The farm does not run H3's text encoder: a ``prompt`` string is refused for these jobs;
 - ``task``: ``"t2v"`` (the only one): the pipeline's text-to-video denoising (``MiniMaxH3CoreDenoiseStep``),
-  then the video latents decoded by h3director's streaming decode (`video.scheduler.stream_decode` over
-  `integrations.diffusers_h3.H3VideoAdapter`) into ``<job id>.mp4`` (24 fps, H.264 through `VideoFileSink`).
+  then the video latents decoded into ``<job id>.mp4`` (24 fps, H.264 through `VideoFileSink`) by the decode
+  the worker's memory level asks for, as the CLI and the node do (`video.levels.decode_for_level` over
+  `integrations.diffusers_h3.H3VideoAdapter`: level 0 the VAE's own whole-video decode, above it the streaming
+  decode with the level's pool and collections).
   The audio latents the step also draws are not decoded;
 - ``dtype``: ``float32`` (default), ``bfloat16`` or ``float16``: the transformer's and the VAE's;
 - ``steps``: denoising steps, 2-1000 (default 30; H3's scheduler needs at least 2); ``crf``: the H.264
@@ -170,13 +172,18 @@ class PipelineHost:
     """The diffusers components a worker keeps loaded: the last (folder, dtype) it ran, on its device.
     `run(job_id, request, work_dir)` runs one job and returns a `comfy_server.RunResult`-shaped dict.
     `device`: a torch device name; None takes CUDA's current device when there is one, else the CPU.
-    `fault_injector` goes to `stream_decode` (tests: `video.faults.OomOnClip`)."""
+    `config`: the `H3Config` whose memory level chooses the decode (None: `load_config()` in the worker's
+    process, as the CLI reads it). `fault_injector` goes to the streaming decode (tests: `OomOnClip`).
+    `last_decode` is the `DecodeReport` of the last decode that finished (its ``path`` and ``notes`` say
+    which decode ran)."""
 
-    def __init__(self, device: str | None = None, fault_injector=None) -> None:
+    def __init__(self, device: str | None = None, fault_injector=None, config=None) -> None:
         self.key: tuple[str, str] | None = None
         self.transformer = self.vae = self.scheduler = None
         self.device = _device(device)
         self.fault_injector = fault_injector
+        self.config = config
+        self.last_decode = None
 
     def _load(self, spec: DiffusersSpec) -> None:
         import torch
@@ -227,15 +234,16 @@ class PipelineHost:
 
     def _decode(self, spec: DiffusersSpec, latents, path: Path) -> None:
         from h3director.integrations.diffusers_h3 import H3VideoAdapter
-        from h3director.video.scheduler import stream_decode
+        from h3director.video.levels import decode_for_level
         from h3director.video.sinks import file_sink_for
 
-        stream_decode(H3VideoAdapter(self.vae), latents, file_sink_for(path, fps=FPS, crf=spec.crf),
-                      fault_injector=self.fault_injector)
+        self.last_decode = decode_for_level(H3VideoAdapter(self.vae), latents,
+                                            file_sink_for(path, fps=FPS, crf=spec.crf), config=self.config,
+                                            fault_injector=self.fault_injector)
 
     def run(self, job_id: str, job: dict, work_dir: str) -> dict:
         """Load (or reuse) the pipeline, run the job, return ``status`` ("done", "oom": an allocator failure
-        or a decode that ran out of memory on every execution `stream_decode` has, "error"), ``files``
+        or a streaming decode that ran out of memory on every execution it has, "error"), ``files``
         ({name: bytes}), ``peak_bytes`` / ``peak_series`` (CUDA: ``torch.cuda.max_memory_allocated``;
         CPU: this process's resident bytes sampled every 50 ms), ``error``, ``seconds``."""
         import torch
@@ -285,3 +293,6 @@ class PipelineHost:
                 torch.cuda.empty_cache()
         return {"status": status, "files": files, "peak_bytes": peak, "peak_series": series, "error": error,
                 "seconds": seconds}
+
+
+__all__ = ["MAX_FRAMES", "MIN_FRAMES", "DiffusersSpec", "PipelineHost", "parse_spec", "request"]

@@ -17,6 +17,7 @@ Ray's object store and are written under ``OUT/<job id>/`` with write-then-renam
 from __future__ import annotations
 
 import importlib.util
+import logging
 import socket
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ from h3director.units import MiB, format_size
 MAX_ATTEMPTS = 4
 PLACEMENT_CHECK_S = 10.0       # how often the pending jobs are checked against the live device nodes
 CONNECT_TIMEOUT_S = 10.0
+_log = logging.getLogger("h3director.farm")
+RAY_CLIENT_TRIES = 3           # Ray Client's server sometimes fails to start its per-client server under load
 LEDGER_NAME = "farm.sqlite"
 OBJECT_STORE_BYTES = 128 * MiB
 
@@ -107,11 +110,21 @@ def connect(address: str | None, workers: list[needs.WorkerSpec], *, timeout_s: 
             raise InvalidInputError(missing_package(f"--address {address} goes through Ray Client, which",
                                                     "'ray[client]' here", "farm")
                                     + "; inside the cluster give the GCS address HOST:6379 instead")
-    try:
-        ray.init(address=address, **options)
-    except ConnectionError as error:
-        raise ClusterUnreachableError(f"Ray cluster at {address}: {error}") from None
-    return Session()
+    tries = RAY_CLIENT_TRIES if address.startswith("ray://") else 1
+    attempt = 1
+    while True:
+        try:
+            ray.init(address=address, **options)
+            return Session()
+        except ConnectionError as error:
+            ray.shutdown()
+            if attempt == tries:
+                raise ClusterUnreachableError(f"Ray cluster at {address}: {error}"
+                                              + (f" (after {tries} connections)" if tries > 1 else "")) from None
+            # the port answered (checked above): Ray Client failing now is its server not starting this
+            # client's own server process, which a new connection (a new process) may not repeat
+            attempt += 1
+            _log.warning("Ray Client at %s: %s; connecting again (%d of %d)", address, error, attempt, tries)
 
 
 def cluster_workers() -> list[tuple[needs.WorkerSpec, str]]:
@@ -415,3 +428,7 @@ def run_farm(jobs_path: str | Path, out_dir: str | Path, *, address: str | None,
         return 0 if not errors and all(row.state == "done" for row in rows) else 1
     finally:
         ledger.close()
+
+
+__all__ = ["LEDGER_NAME", "MAX_ATTEMPTS", "ClusterUnreachableError", "Farm", "Session", "WorkerStartError",
+           "connect", "dry_run", "run_farm", "start_workers"]

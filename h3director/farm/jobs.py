@@ -275,3 +275,6 @@ def with_output_prefix(workflow: dict, job_id: str) -> dict:
         if isinstance(prefix, str):
             node["inputs"]["filename_prefix"] = f"h3farm/{job_id}/{Path(prefix).name or 'out'}"
     return result
+
+
+__all__ = ["Job", "JobError", "parse_jobs", "read_jobs", "unknown_classes", "with_output_prefix"]

@@ -203,3 +203,6 @@ class Ledger:
                                  f"result, error FROM attempts {where} ORDER BY started_at, job_id, attempt", args)
         names = [d[0] for d in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in cursor]
+
+
+__all__ = ["JobRow", "Ledger"]

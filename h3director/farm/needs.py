@@ -501,3 +501,8 @@ def first_rung(rungs: list[Rung], workers: list[WorkerSpec]) -> int:
 def next_rung(rungs: list[Rung], index: int) -> int | None:
     """The next cheaper rung after `index`, or None when there is none."""
     return index + 1 if index + 1 < len(rungs) else None
+
+
+__all__ = ["ACCEL_RESOURCE", "HOST_RESOURCE", "Rung", "WorkerSpec", "WorkflowSettings", "apply_rung",
+           "comfy_model_dirs", "first_rung", "ladder", "missing_nodes_hint", "next_rung", "parse_workers",
+           "read_settings"]

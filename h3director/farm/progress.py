@@ -88,3 +88,6 @@ class Display:
     def refresh(self) -> None:
         if self.live is not None:
             self.live.update(self._render())
+
+
+__all__ = ["Display", "counts_line", "final_table"]

@@ -33,3 +33,6 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+
+
+__all__ = ["main"]

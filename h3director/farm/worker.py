@@ -154,3 +154,6 @@ def job_task():
     import ray
 
     return ray.remote(num_cpus=0, max_retries=0)(_run_job)
+
+
+__all__ = ["NAMESPACE", "FarmWorker", "ServerConfig", "job_task", "worker_actor"]

@@ -2,8 +2,11 @@
 
 `install(model_patcher, ...)` returns a clone of the MODEL whose H3 blocks run through `run_block`
 (installed with ComfyUI's own hooks: `set_model_patch_replace(..., "dit", "double_block", i)` for every
-block, plus a `WrappersMP.DIFFUSION_MODEL` wrapper that picks the tier before each forward). The input
-MODEL is never changed.
+block, plus a `WrappersMP.DIFFUSION_MODEL` wrapper around each forward). The input MODEL is never changed.
+This module only runs tiers and reports what ran: which tier a forward runs is decided by the
+`h3director.dit.memory.DiTMemoryHandle` that `install` returns (floor, mode, capacity check, kernel
+verification); the Memory Guard node finds that handle with `dit_memory_of` and prices forwards with the
+same capacity check (`forward_capacity`).
 
 `run_block` is ComfyUI's `DiTBlock.forward` (`comfy/ldm/minimax/model.py`) with the same ops in the same
 order; the tier (`h3director.dit.tiers.DiTMemoryPlan`) changes lifetimes and groupings only:
@@ -38,7 +41,7 @@ forward (the patches actually set on the model and the block entries of that for
 director's tier steps aside for the part another pack patched (its whole block, its attention branch, or
 its FFN half; that pack's code runs there) and says so: `last_report["foreign_patches"]` (who patched what
 and what the director did), `["runs"]` (whose code ran the attention and the FFN of which blocks),
-`["skipped"]`, a warning in the log, and the node's text at install. Never a silent skip.
+`["skipped"]`, a warning in the log, and the node's text. Never a silent skip.
 
 Units: rows are packed-sequence rows (text + condition + audio + video tokens); bytes are bytes.
 """
@@ -47,16 +50,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 from h3director.dit.blocks import chunked_rows, grouped_attention, swiglu_rows
+from h3director.dit.memory import DiTMemoryHandle, memory_handle
 from h3director.dit.ranges import row_ranges
-from h3director.dit.tiers import QUERY_ALIGN, STOCK, DiTMemoryPlan
+from h3director.dit.tiers import QUERY_ALIGN, DiTMemoryPlan
 from h3director.errors import InvalidInputError
 from h3director.integrations import comfy_dit_foreign as foreign_patches
 
-MODES = ("auto", "exact only", "fixed")
 WRAPPER_KEY = "h3director_dit_memory"
 PATCH_NAME = "dit"
 PATCH_BLOCK = "double_block"
@@ -329,6 +331,12 @@ def run_block(block, plan: DiTMemoryPlan, x, t_emb, mod_segments, rope_freqs, tr
 
 # ---------------------------------------------------------------------------------------- installing
 
+def is_h3_model(diffusion_model) -> bool:
+    """Whether `diffusion_model` is ComfyUI's MiniMax H3 DiT (`comfy.ldm.minimax.model.MiniMaxH3Model`)."""
+    cls = type(diffusion_model)
+    return cls.__name__ == H3_MODEL_CLASS and cls.__module__ == H3_MODEL_MODULE
+
+
 def packed_rows(diffusion_model, x, context, payload: dict | None) -> int:
     """Rows of the packed sequence `_forward` will build for these inputs (text, condition, reference,
     audio and video rows), from ComfyUI's own `PackedLayout`."""
@@ -346,88 +354,12 @@ def packed_rows(diffusion_model, x, context, payload: dict | None) -> int:
     return int(layout.seq_len)
 
 
-def verified_here(device, dtype, rows: int | None = None, widths=None) -> set[str]:
-    """Kernel properties `verify-kernels` passed for `device` at `dtype`, at `widths` (a
-    `h3director.dit.kernels.KernelWidths`; None: H3's real widths), for the row class of `rows` (None: any);
-    empty when none are cached, or the dtype is one it cannot check."""
-    from h3director.dit.kernels import verified_for_model
-
-    return verified_for_model(str(device), dtype, widths=widths, rows=rows)
-
 
 def kernel_widths(diffusion_model):
     """`h3director.dit.kernels.KernelWidths` of a ComfyUI `MiniMaxH3Model` (what its blocks run)."""
     from h3director.dit.kernels import KernelWidths
 
-    shape = comfy_shape(diffusion_model)
-    return KernelWidths(hidden=shape.hidden, heads=shape.heads, head_dim=shape.head_dim, ffn=shape.ffn)
-
-
-@dataclass
-class DiTMemoryHandle:
-    """One installation on one patched MODEL: the chosen floor, and what the last forward ran.
-
-    `last_report` (after a forward): tier (`describe()`), plan (`as_dict()`), exactness (the class),
-    exactness_detail ("exact (verified: <what, where>)", "exact (by construction ...)", "approximate: max
-    difference X measured at <shape>" or "unverified: ..."; `h3director.dit.kernels.exactness_text`),
-    verified (every property the tier relies on passed `verify-kernels` on this device, dtype, thread count
-    and row class), kept_stock_unverified (in "exact only": techniques of the floor run stock), rows, need_bytes/have_bytes
-    (when a capacity check ran; have includes `reclaimable_bytes`, the weights Dynamic VRAM would evict),
-    kept_stock (projections that kept their stock call), escalated, foreign_patches (other packs' patches in
-    force on the blocks and what the director did about each), runs ({"attention" | "ffn": {whose code:
-    [blocks]}}), director_blocks (blocks whose entry ran a director tier on some part), skipped (what did
-    not run as installed, each with its reason), and on CUDA measured_peak_bytes (above
-    what was allocated before the forward) and the capacity check's calibration after it.
-    """
-
-    floor: DiTMemoryPlan
-    mode: str
-    budget_bytes: int | None
-    heads: int
-    blocks: int
-    capacity: Any = None
-    last_report: dict = field(default_factory=dict)
-    reports: int = 0
-    block_calls: int = 0
-    own_capacity: bool = False
-    foreign_at_install: list = field(default_factory=list)
-    notify: Any = None          # called with the warning text when other packs' patches change (the node's text)
-    _local: threading.local = field(default_factory=threading.local)
-
-    @property
-    def _active(self):
-        """The forward running on this thread: diffusion model, tier, kept-stock notes (None outside one)."""
-        return getattr(self._local, "active", None)
-
-    @property
-    def plan(self) -> DiTMemoryPlan:
-        return self.floor
-
-    def choose(self, rows: int, dtype, device, capacity, widths=None) -> tuple[DiTMemoryPlan, dict]:
-        """The tier `capacity` (a `CapacityCheck`) picks for a forward of `rows` packed rows of a model with
-        `widths` (`KernelWidths`; None: H3's); raises `InvalidInputError` / `BudgetError`. In "exact only"
-        the floor first drops every technique not verified for this row class (`tiers.keep_verified`), and
-        the report says which parts kept the stock op."""
-        from h3director.dit.kernels import exactness_text, lookup_for_model
-        from h3director.dit.tiers import keep_verified
-
-        found = lookup_for_model(str(device), dtype, widths=widths, rows=rows)
-        verified = set(found.verified) if found is not None else set()
-        report: dict[str, Any] = {"rows": rows, "mode": self.mode, "device": str(device)}
-        floor = self.floor
-        floor.check_fits(self.heads, rows)
-        if self.mode == "exact only":
-            floor, notes = keep_verified(floor, verified)
-            report["kept_stock_unverified"] = notes
-        decision = capacity.choose(rows, dtype, floor, self.mode, verified)
-        plan = decision.plan
-        report.update(need_bytes=int(decision.need_bytes), have_bytes=int(decision.have_bytes),
-                      escalated=bool(decision.escalated))
-        report.update(tier=plan.describe(), plan=plan.as_dict(), exactness=plan.exactness.value,
-                      verified=set(plan.relies_on) <= verified,
-                      unverified=sorted(set(plan.relies_on) - verified),
-                      exactness_detail=exactness_text(plan.relies_on, found))
-        return plan, report
+    return KernelWidths.of(comfy_shape(diffusion_model))
 
 
 def comfy_shape(diffusion_model):
@@ -450,21 +382,32 @@ ATTENTION_LEDGER = {"attention_sage": "sage", "attention3_sage": "sage", "attent
 """ComfyUI attention functions -> the planner's attention kinds; any other (PyTorch SDPA, flash, kitchen,
 sub-quadratic, overrides) is priced as a fused kernel ("flash"), and the first measured peak calibrates."""
 
-
 def attention_ledger_kind(transformer_options: dict) -> str:
+    """The planner's attention kind of the attention function this forward calls (`ATTENTION_LEDGER`)."""
     h3, _, _, _ = _comfy()
     if transformer_options.get("optimized_attention_override") is not None:
         return "flash"
     return ATTENTION_LEDGER.get(getattr(h3.optimized_attention, "__name__", ""), "flash")
 
 
-def default_capacity(diffusion_model, device, budget_bytes, transformer_options: dict):
-    """The planner-ledger capacity check for this model and device (`h3director.dit.capacity`)."""
-    from h3director.dit.capacity import CapacityCheck, ledger_cost_model
+def forward_capacity(diffusion_model, device, transformer_options: dict, handle: DiTMemoryHandle | None = None):
+    """The capacity check that prices a forward: `handle.capacity` (given at install, or built here at first
+    use, then `handle.own_capacity`), or without a handle a new one with no budget. Built:
+    `h3director.dit.capacity.default_capacity` with the planner's ledger of ComfyUI's H3 block at the model's
+    widths and the attention backend this forward calls (`attention_ledger_kind`), on `device`, under the
+    handle's budget; a model that is not ComfyUI's H3 DiT is priced at the released widths with a fused
+    kernel. The DiT Memory node and the Memory Guard both price forwards through this function."""
+    from h3director.dit.capacity import default_capacity
 
-    cost = ledger_cost_model(comfy_shape(diffusion_model), framework="comfy",
-                             attention=attention_ledger_kind(transformer_options), device=device)
-    return CapacityCheck(cost, device, budget_bytes=budget_bytes)
+    if handle is not None and handle.capacity is not None:
+        return handle.capacity
+    h3 = is_h3_model(diffusion_model)
+    check = default_capacity(comfy_shape(diffusion_model) if h3 else None, "comfy", device,
+                             handle.budget_bytes if handle is not None else None,
+                             attention_ledger_kind(transformer_options) if h3 else "flash")
+    if handle is not None:
+        handle.capacity, handle.own_capacity = check, True
+    return check
 
 
 def reclaimable_weight_bytes(diffusion_model) -> int:
@@ -483,88 +426,17 @@ def reclaimable_weight_bytes(diffusion_model) -> int:
     return 0
 
 
+
+
+class _Forwards(threading.local):
+    """The forward running on this thread under one installation: diffusion model, tier, kept-stock notes
+    (`active` is None outside one)."""
+
+    active: dict | None = None
+
+
 DIRECTOR = "H3 Director"
 STOCK_CODE = "ComfyUI stock block"
-
-
-class _BlockPatch:
-    """The `patches_replace["dit"][("double_block", i)]` entry: runs block `index` under the tier the
-    wrapper chose for this forward; the stock block when no forward of ours is active."""
-
-    def __init__(self, handle: DiTMemoryHandle, index: int, inner=None):
-        self.handle = handle
-        self.index = index
-        self.inner = inner  # another pack's entry for this block, registered before ours: it runs instead
-
-    def _other(self, args: dict, extra: dict) -> dict:
-        return self.inner(args, extra) if self.inner is not None else extra["original_block"](args)
-
-    def __call__(self, args: dict, extra: dict) -> dict:
-        active = self.handle._active
-        if active is None:
-            return self._other(args, extra)
-        parts = active["foreign"].get(self.index, {})
-        if self.inner is not None or "block" in parts or active["plan"].is_stock:
-            who = parts.get("block") or (foreign_patches.origin_of(self.inner) if self.inner is not None else None)
-            active["ran"][self.index] = {part: who or parts.get(part, STOCK_CODE) for part in ("attention", "ffn")}
-            return self._other(args, extra)
-        block = active["model"].blocks[self.index]
-        self.handle.block_calls += 1
-        active["ran"][self.index] = {part: parts.get(part, DIRECTOR) for part in ("attention", "ffn")}
-        img = run_block(block, active["plan"], args["img"], args["t_emb"], args["mod_segments"], args["rope_freqs"],
-                        args["transformer_options"], active["kept"], parts)
-        return {"img": img}
-
-
-class _ForwardWrapper:
-    """The `DIFFUSION_MODEL` wrapper: capacity check before each forward, tier recorded after it."""
-
-    def __init__(self, handle: DiTMemoryHandle):
-        self.handle = handle
-
-    def __call__(self, executor, x, timestep, context, transformer_options=None, *args, **kwargs):
-        import torch
-
-        handle = self.handle
-        model = executor.class_obj
-        rows = packed_rows(model, x, context, kwargs.get("minimax_payload"))
-        device = context.device
-        if handle.capacity is None:
-            handle.capacity = default_capacity(model, device, handle.budget_bytes, transformer_options or {})
-            handle.own_capacity = True
-        if handle.own_capacity:
-            handle.capacity.reclaimable_bytes = reclaimable_weight_bytes(model)
-        plan, report = handle.choose(rows, context.dtype, device, handle.capacity, kernel_widths(model))
-        if handle.own_capacity:
-            report["reclaimable_bytes"] = handle.capacity.reclaimable_bytes
-        found = foreign_patches.scan_model(model, transformer_options or {}, PATCH_NAME, PATCH_BLOCK, own_entries())
-        active = {"model": model, "plan": plan, "kept": set(), "ran": {},
-                  "foreign": foreign_patches.parts_by_block(found)}
-        measure = device.type == "cuda"
-        if measure:
-            base = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
-        outer = handle._active
-        handle._local.active = active
-        try:
-            out = executor(x, timestep, context, transformer_options, *args, **kwargs)
-        finally:
-            handle._local.active = outer
-        report["kept_stock"] = sorted(active["kept"])
-        _report_foreign(handle, report, found, active["ran"], len(model.blocks))
-        if measure:
-            peak = torch.cuda.max_memory_allocated(device) - base
-            report["measured_peak_bytes"] = int(peak)
-            if handle.capacity is not None:
-                report["calibration"] = handle.capacity.observe(rows, plan, peak, context.dtype)
-        if report["tier"] != handle.last_report.get("tier") or report["rows"] != handle.last_report.get("rows"):
-            log.info("H3 Director DiT memory: %s (%s; %s) for %d rows%s", report["tier"], report["exactness"],
-                     report["exactness_detail"], rows,
-                     "".join(f"; {note}" for note in report.get("kept_stock_unverified", ())))
-        handle.reports += 1
-        report["forward"] = handle.reports
-        handle.last_report = report
-        return out
 
 
 def own_entries() -> tuple[type, ...]:
@@ -577,7 +449,7 @@ def own_entries() -> tuple[type, ...]:
 def _report_foreign(handle: DiTMemoryHandle, report: dict, found: list, ran: dict, blocks: int) -> None:
     """Add what other packs' patches did in this forward to `report`; when that differs from the last forward's,
     log it as a warning and pass the text to `handle.notify` (the node shows it)."""
-    last = handle.last_report
+    last = handle.last_report or {}
     lines = foreign_patches.describe(found)
     runs = foreign_patches.runs_summary(ran, blocks, foreign_patches.parts_by_block(found))
     skipped = [line for line in lines if "stepped aside" in line]
@@ -597,11 +469,82 @@ def _report_foreign(handle: DiTMemoryHandle, report: dict, found: list, ran: dic
             handle.notify(text)
 
 
+class _BlockPatch:
+    """The `patches_replace["dit"][("double_block", i)]` entry: runs block `index` under the tier the
+    wrapper chose for this forward; the stock block when no forward of ours is active."""
+
+    def __init__(self, handle: DiTMemoryHandle, forwards: _Forwards, index: int, inner=None):
+        self.handle = handle
+        self.forwards = forwards
+        self.index = index
+        self.inner = inner  # another pack's entry for this block, registered before ours: it runs instead
+
+    def _other(self, args: dict, extra: dict) -> dict:
+        return self.inner(args, extra) if self.inner is not None else extra["original_block"](args)
+
+    def __call__(self, args: dict, extra: dict) -> dict:
+        active = self.forwards.active
+        if active is None:
+            return self._other(args, extra)
+        parts = active["foreign"].get(self.index, {})
+        if self.inner is not None or "block" in parts or active["plan"].is_stock:
+            who = parts.get("block") or (foreign_patches.origin_of(self.inner) if self.inner is not None else None)
+            active["ran"][self.index] = {part: who or parts.get(part, STOCK_CODE) for part in ("attention", "ffn")}
+            return self._other(args, extra)
+        block = active["model"].blocks[self.index]
+        self.handle.block_calls += 1
+        active["ran"][self.index] = {part: parts.get(part, DIRECTOR) for part in ("attention", "ffn")}
+        img = run_block(block, active["plan"], args["img"], args["t_emb"], args["mod_segments"], args["rope_freqs"],
+                        args["transformer_options"], active["kept"], parts)
+        return {"img": img}
+
+
+class _ForwardWrapper:
+    """The `DIFFUSION_MODEL` wrapper: the handle decides the tier before each forward (`DiTMemoryHandle.decide`),
+    the blocks run it, and what ran is recorded after it (`DiTMemoryHandle.record`)."""
+
+    def __init__(self, handle: DiTMemoryHandle, forwards: _Forwards):
+        self.handle = handle
+        self.forwards = forwards
+
+    def __call__(self, executor, x, timestep, context, transformer_options=None, *args, **kwargs):
+        import torch
+
+        handle = self.handle
+        model = executor.class_obj
+        rows = packed_rows(model, x, context, kwargs.get("minimax_payload"))
+        device = context.device
+        capacity = forward_capacity(model, device, transformer_options or {}, handle)
+        if handle.own_capacity:
+            capacity.reclaimable_bytes = reclaimable_weight_bytes(model)
+        plan, report = handle.decide(rows, context.dtype, device)
+        if handle.own_capacity:
+            report["reclaimable_bytes"] = capacity.reclaimable_bytes
+        found = foreign_patches.scan_model(model, transformer_options or {}, PATCH_NAME, PATCH_BLOCK, own_entries())
+        active = {"model": model, "plan": plan, "kept": set(), "ran": {},
+                  "foreign": foreign_patches.parts_by_block(found)}
+        measure = device.type == "cuda"
+        if measure:
+            base = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        outer = self.forwards.active
+        self.forwards.active = active
+        try:
+            out = executor(x, timestep, context, transformer_options, *args, **kwargs)
+        finally:
+            self.forwards.active = outer
+        report["kept_stock"] = sorted(active["kept"])
+        _report_foreign(handle, report, found, active["ran"], len(model.blocks))
+        peak = torch.cuda.max_memory_allocated(device) - base if measure else None
+        handle.record(report, plan, peak, context.dtype)
+        return out
+
+
 def h3_diffusion_model(model_patcher, node: str = "H3Director DiT Memory"):
     """ComfyUI's `MiniMaxH3Model` inside `model_patcher`; `InvalidInputError` (naming `node`) for another model."""
     base = getattr(model_patcher, "model", None)
     model = getattr(base, "diffusion_model", None)
-    if model is None or type(model).__name__ != H3_MODEL_CLASS or type(model).__module__ != H3_MODEL_MODULE:
+    if model is None or not is_h3_model(model):
         cls = type(model if model is not None else (base if base is not None else model_patcher))
         what = f"{cls.__module__}.{cls.__qualname__}"
         raise InvalidInputError(f"{node} works on ComfyUI's MiniMax H3 DiT ({H3_MODEL_MODULE}."
@@ -620,47 +563,48 @@ def check_conflicts(model_patcher) -> list:
 
 
 def install(model_patcher, head_chunks: int = 1, ffn_chunks: int = 1, query_chunks: int = 1, mode: str = "fixed",
-            budget_bytes: int | None = None, capacity=None):
+            budget_bytes: int | None = None, capacity=None) -> tuple[Any, DiTMemoryHandle]:
     """A clone of `model_patcher` whose H3 DiT blocks run the memory tiers; returns `(clone, handle)`.
 
     `mode`: "fixed" runs the given chunking; "auto" starts there and escalates to a cheaper tier when the
     capacity check says it does not fit; "exact only" escalates only through tiers whose kernel properties
-    passed `verify-kernels` on this device. `budget_bytes` None = what the device can give. Checks run
-    before anything is patched: a refused call leaves nothing installed. Other packs' patches on the blocks
-    are not refused: `handle.foreign_at_install` lists them, and each forward steps aside for and reports
-    them (module docstring); a block replacement of another pack stays, called by ours for that block."""
-    if mode not in MODES:
-        raise InvalidInputError(f"mode must be one of {list(MODES)}, got {mode!r}")
-    if budget_bytes is not None and budget_bytes <= 0:
-        raise InvalidInputError(f"budget must be > 0 bytes (or None for the device), got {budget_bytes}")
+    passed `verify-kernels` on this device. `budget_bytes` None = what the device can give; `capacity`: a
+    `CapacityCheck` to use instead of the default (`forward_capacity`). Every check (the model, the settings:
+    `h3director.dit.memory.memory_handle`, conflicting patches) runs before anything is patched: a refused
+    call (`InvalidInputError`) leaves nothing installed, and the input MODEL is never changed."""
     model = h3_diffusion_model(model_patcher)
-    floor = DiTMemoryPlan(head_chunks=head_chunks, ffn_chunks=ffn_chunks, query_chunks=query_chunks)
-    heads = model.blocks[0].attn.heads
-    floor.check_fits(heads)
-    blocks = len(model.blocks)
-    found = check_conflicts(model_patcher)
+    handle = memory_handle(head_chunks, ffn_chunks, query_chunks, mode=mode, heads=model.blocks[0].attn.heads,
+                           blocks=len(model.blocks), budget_bytes=budget_bytes, capacity=capacity,
+                           widths=kernel_widths(model))
+    handle.foreign_at_install = check_conflicts(model_patcher)
     from comfy.patcher_extension import WrappersMP
 
-    handle = DiTMemoryHandle(floor=floor, mode=mode, budget_bytes=budget_bytes, heads=heads, blocks=blocks,
-                             capacity=capacity, foreign_at_install=found)
+    forwards = _Forwards()
     patched = model_patcher.clone()
     patched.remove_wrappers_with_key(WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY)
     before = patched.model_options.get("transformer_options", {}).get("patches_replace", {}).get(PATCH_NAME, {})
-    for i in range(blocks):
+    for i in range(handle.blocks):
         previous = foreign_patches.unwrap(before.get((PATCH_BLOCK, i)), (_BlockPatch,))
-        patched.set_model_patch_replace(_BlockPatch(handle, i, previous), PATCH_NAME, PATCH_BLOCK, i)
-    patched.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY, _ForwardWrapper(handle))
+        patched.set_model_patch_replace(_BlockPatch(handle, forwards, i, previous), PATCH_NAME, PATCH_BLOCK, i)
+    patched.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY, _ForwardWrapper(handle, forwards))
     return patched, handle
 
 
-def installed_handle(model_patcher) -> DiTMemoryHandle | None:
-    """The handle of the installation on `model_patcher` (or a clone of it), None when there is none."""
-    replaced = model_patcher.model_options.get("transformer_options", {}).get("patches_replace", {})
-    for patch in replaced.get(PATCH_NAME, {}).values():
+def dit_memory_of(transformer_options: dict | None) -> DiTMemoryHandle | None:
+    """The DiT Memory handle installed on the model whose transformer options these are (a MODEL's
+    `model_options["transformer_options"]`, or the options a forward receives); None when there is none."""
+    replaced = (transformer_options or {}).get("patches_replace", {}).get(PATCH_NAME, {})
+    for patch in replaced.values():
         if isinstance(patch, _BlockPatch):
             return patch.handle
     return None
 
 
-__all__ = ["MODES", "STOCK", "DiTMemoryHandle", "check_conflicts", "clip_segments", "consumes_containers",
-           "install", "installed_handle", "linear_kind", "packed_rows", "run_block"]
+def installed_handle(model_patcher) -> DiTMemoryHandle | None:
+    """The handle of the installation on `model_patcher` (or a clone of it), None when there is none."""
+    return dit_memory_of(model_patcher.model_options.get("transformer_options"))
+
+
+__all__ = ["DiTMemoryHandle", "check_conflicts", "clip_segments", "consumes_containers", "dit_memory_of",
+           "forward_capacity", "install", "installed_handle", "is_h3_model", "linear_kind",
+           "packed_rows", "run_block"]

@@ -177,6 +177,7 @@ def make_ops(weight_dtype, compute_dtype):
 
 
 def is_gguf_linear(module) -> bool:
+    """True when `module` is a linear layer made by `make_ops` that holds quantised GGUF weights."""
     return getattr(module, "gguf_qtype", None) is not None and hasattr(module, "gguf_weight_bias")
 
 

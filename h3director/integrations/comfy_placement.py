@@ -101,10 +101,11 @@ def _describe(component: str, obj, requested) -> str:
 
 def place_objects(placement: str, model=None, clip=None, vae=None, audio_vae=None) -> Placed:
     """Place the given objects by `placement` ("dit=cuda:0,text_encoder=cuda:1,..." as `h3director plan
-    --devices` prints; aliases model, clip, vae). Components without an entry, or without an input, are left
-    as they are. Raises `InvalidInputError` before anything is changed: a malformed placement, a device this
-    machine does not have, or a move to another accelerator for a model whose loader cannot make a second
-    copy (no `cached_patcher_init`)."""
+    --devices` prints; aliases model, clip, vae). Components without an entry, or without an input, are
+    left as they are. Raises `InvalidInputError` before anything is changed: a malformed placement, a
+    device this machine does not have, or a move to another accelerator for a model whose loader cannot
+    make a second copy (no `cached_patcher_init`). Returns `Placed`: the placed clones and one report line
+    per component."""
     wanted = parse_placement(placement)
     objects = {"dit": model, "text_encoder": clip, "video_vae": vae, "audio_vae": audio_vae}
     devices = {component: resolve_device(name) for component, name in wanted.items()}
@@ -125,3 +126,6 @@ def place_objects(placement: str, model=None, clip=None, vae=None, audio_vae=Non
             placed[component] = apply[component](objects[component], device)
     lines = [_describe(c, placed[c], wanted.get(c)) for c in ("dit", "text_encoder", "video_vae", "audio_vae")]
     return Placed(placed["dit"], placed["text_encoder"], placed["video_vae"], placed["audio_vae"], "\n".join(lines))
+
+
+__all__ = ["Placed", "place_objects"]

@@ -256,3 +256,6 @@ def resumable_sampler_function(name: str, folder: str | os.PathLike, every: int,
 
     sample.__name__ = f"resumable_{method.function}"
     return sample
+
+
+__all__ = ["REFUSED", "RESUMABLE", "ResumableMethod", "resumable_method", "resumable_sampler_function"]

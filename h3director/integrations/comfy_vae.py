@@ -227,3 +227,6 @@ def decode_audio(audio_vae: Any, latent: torch.Tensor) -> torch.Tensor:
     std[std < 1.0] = 1.0
     audio /= std
     return audio
+
+
+__all__ = ["ComfyH3AudioAdapter", "ComfyH3VideoAdapter"]

@@ -49,3 +49,6 @@ class DiffusersVideoAdapter(VideoDecoderAdapter):
 
     def output_size(self, latent_height: int, latent_width: int) -> tuple[int, int]:
         return latent_height * self.spatial_ratio, latent_width * self.spatial_ratio
+
+
+__all__ = ["DiffusersVideoAdapter", "denormalize_latents", "run_forward_hook"]

@@ -33,15 +33,16 @@ file decides only the arithmetic, not the order. The tiers run under `torch.no_g
 `torch.inference_mode()` (how diffusers pipelines call the transformer); while autograd is recording,
 the blocks run the stock forward and `last_report["tier"]` says so.
 
-Modes: `"fixed"` runs the given tier. `"auto"` and `"exact only"` call `capacity.choose(...)` (the
-`h3director.dit.capacity.CapacityCheck` interface; without `capacity=`, one built from the planner's
-diffusers ledgers at the model's own widths, on the model's device, with `budget_bytes`) at the start of
-every transformer forward, from a forward pre-hook, with `rows` = the packed sequence length (`position_ids.shape[0]`) and the given
-chunk counts as the floor; `"exact only"` passes the kernel properties
-`h3director.dit.kernels.verified_for_model(device, dtype)` reports (none when nothing is cached for
-this device, dtype, thread count and row class, which leaves only tiers exact by construction); in
-`"exact only"` the floor first drops every technique not verified for the forward's row class
-(`h3director.dit.tiers.keep_verified`: that part runs the stock op, and the report says so).
+Which tier a forward runs is decided by the handle (`h3director.dit.memory.DiTMemoryHandle`, the one type
+the ComfyUI node uses too), asked from a forward pre-hook with `rows` = the packed sequence length
+(`position_ids.shape[0]`), the model's dtype and the input's device: `"fixed"` runs the given tier;
+`"auto"` and `"exact only"` call `capacity.choose(...)` (the `h3director.dit.capacity.CapacityCheck`
+interface; without `capacity=`, one built from the planner's diffusers ledgers at the model's own widths,
+on the model's device, with `budget_bytes`) with the given chunk counts as the floor; `"exact only"` passes
+the kernel properties verified for this device, dtype, thread count and row class (the handle's
+`VerificationCache`, none when nothing is cached, which leaves only tiers exact by construction) and first
+drops every floor technique not verified for the forward's row class (`h3director.dit.tiers.keep_verified`:
+that part runs the stock op, and the report says so). This module only runs the tier and reports it.
 
 Composing with group offload: apply the plan first, then
 `transformer.enable_group_offload(onload_device, offload_type="block_level", num_blocks_per_group=1,
@@ -72,11 +73,14 @@ from diffusers.models.transformers.transformer_minimax_h3 import (
     _apply_rotary_emb,
 )
 
+from h3director.dit import capacity as dit_capacity
 from h3director.dit.blocks import chunked_rows, grouped_attention, thread_cut_rows
+from h3director.dit.kernels import KernelWidths
+from h3director.dit.memory import DiTMemoryHandle, memory_handle
 from h3director.dit.tiers import LIFETIME_ONLY, STOCK, DiTMemoryPlan
 from h3director.errors import InvalidInputError
+from h3director.plan.activations import DiTShape
 
-MODES = ("fixed", "auto", "exact only")
 HOOK_NAME = "h3director_dit_memory"
 _MARK = "_h3director_dit_memory"
 _POSITION_IDS_ARG = 6  # index of `position_ids` in MiniMaxH3Transformer3DModel.forward's positional arguments
@@ -127,7 +131,7 @@ class H3DirectorAttnProcessor:
     def __call__(self, attn: nn.Module, hidden_states: torch.Tensor | _Rows,
                  rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
                  attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        plan = self._handle._attention_plan()
+        plan = _attention_plan(self._handle)
         source = [hidden_states.take() if isinstance(hidden_states, _Rows) else hidden_states]
         del hidden_states
         batch, rows = source[0].shape[0], source[0].shape[1]
@@ -293,6 +297,15 @@ def _block_forward(block: MiniMaxH3TransformerBlock, plan: DiTMemoryPlan, hidden
     return stream
 
 
+def _block_plan(handle: DiTMemoryHandle) -> DiTMemoryPlan:
+    return STOCK if torch.is_grad_enabled() else handle.plan
+
+
+def _attention_plan(handle: DiTMemoryHandle) -> DiTMemoryPlan:
+    # one group, one query block: the stock processor's arithmetic
+    return LIFETIME_ONLY if torch.is_grad_enabled() else handle.plan
+
+
 class _BlockHook(ModelHook):
     """The block forward as a diffusers hook, so hooks registered later (group offload) wrap it and
     `HookRegistry.remove_hook` relinks them on removal."""
@@ -302,7 +315,7 @@ class _BlockHook(ModelHook):
         self._handle = handle
 
     def new_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
-        plan = self._handle._block_plan()
+        plan = _block_plan(self._handle)
         if plan.is_stock:
             return self.fn_ref.original_forward(*args, **kwargs)
         return _block_forward(module, plan, *args, **kwargs)
@@ -316,105 +329,43 @@ class _Installed:
     made_registry: bool
 
 
-class DiTMemoryHandle:
-    """What `apply_memory_plan` installed on one transformer.
+class _Installation:
+    """What `apply_memory_plan` put on one transformer for `handle`: the processors and block hooks, and the
+    forward pre-hook that asks the handle for each forward's tier (`DiTMemoryHandle.decide`). `remove` puts
+    the stock processors and forwards back (the handle's `remove()` calls it)."""
 
-    - `plan`: the tier the next (or current) forward runs: the given one in `"fixed"` mode, the
-      capacity check's choice in `"auto"` / `"exact only"` (the given chunk counts are its floor);
-    - `last_report`: a dict about the last forward: `tier` (human form), `plan` (`DiTMemoryPlan.as_dict()`),
-      `exactness`, `exactness_detail` ("exact (verified: <what, where>)", "approximate: max difference X
-      measured at <shape>", ...: `h3director.dit.kernels.exactness_text`), `verified` (True when every
-      kernel property the tier relies on is verified on this device, dtype, thread count and row class, or
-      it relies on none), `kept_stock_unverified` (in "exact only": techniques of the floor run stock), `rows` (packed sequence length), `mode`; when a capacity check ran,
-      also `need_bytes`, `have_bytes` (bytes) and `escalated`. `None` before the first forward;
-    - `remove()`: restores the stock processors and block forwards (calling it twice does nothing).
-    """
-
-    def __init__(self, transformer: MiniMaxH3Transformer3DModel, floor: DiTMemoryPlan, mode: str,
-                 capacity: Any | None) -> None:
+    def __init__(self, transformer: MiniMaxH3Transformer3DModel, handle: DiTMemoryHandle) -> None:
         self.transformer = transformer
-        self.floor = floor
-        self.mode = mode
-        self.capacity = capacity
-        self.plan = floor
-        self.last_report: dict | None = None
-        self._installed: list[_Installed] = []
-        self._pre_hook = None
-        self._verified_cache: dict[tuple, Any] = {}
-        self.removed = False
+        self.handle = handle
+        self.installed: list[_Installed] = []
+        self.pre_hook = None
 
-    # -- per-forward choice -------------------------------------------------------------------------
-    def _block_plan(self) -> DiTMemoryPlan:
-        return STOCK if torch.is_grad_enabled() else self.plan
-
-    def _attention_plan(self) -> DiTMemoryPlan:
-        # one group, one query block: the stock processor's arithmetic
-        return LIFETIME_ONLY if torch.is_grad_enabled() else self.plan
-
-    def _lookup(self, device: torch.device, dtype: torch.dtype, rows: int | None):
-        """The kernel cache's verdict for this device, dtype, thread count and row class (cached per class)."""
-        from h3director.dit import kernels
-        from h3director.dit.kernel_cache import row_class
-
-        key = (str(device), str(dtype), row_class(rows) if rows else None, torch.get_num_threads())
-        if key not in self._verified_cache:
-            self._verified_cache[key] = kernels.lookup_for_model(device, dtype, _widths(self.transformer.config),
-                                                                 rows)
-        return self._verified_cache[key]
-
-    def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        """The transformer's forward pre-hook: rows (`position_ids`), device and dtype of this forward ->
+        the handle's decision, recorded as its report (the blocks then run `handle.plan`)."""
         position_ids = kwargs.get("position_ids")
         if position_ids is None and len(args) > _POSITION_IDS_ARG:
             position_ids = args[_POSITION_IDS_ARG]
         rows = int(position_ids.shape[0]) if isinstance(position_ids, torch.Tensor) else None
         sample = kwargs.get("hidden_states", args[0] if args else None)
         device = sample.device if isinstance(sample, torch.Tensor) else torch.device("cpu")
-        dtype = get_parameter_dtype(module.context_embedder)
-        heads = module.config.num_attention_heads
-        from h3director.dit.kernels import exactness_text
-        from h3director.dit.tiers import keep_verified
-
-        found = self._lookup(device, dtype, rows)
-        verified = set(found.verified) if found is not None else set()
-        report: dict[str, Any] = {"rows": rows, "mode": self.mode}
-        floor = self.floor
-        if self.mode == "exact only":
-            floor, notes = keep_verified(floor, verified)
-            report["kept_stock_unverified"] = notes
-        if self.capacity is None:
-            plan = floor
-            plan.check_fits(heads, rows)
-            report["verified"] = set(plan.relies_on) <= verified
-        else:
-            if rows is None:
-                raise InvalidInputError("the capacity check needs the packed sequence length: pass position_ids")
-            decision = self.capacity.choose(rows=rows, dtype=dtype, floor=floor, mode=self.mode,
-                                            verified=verified)
-            plan = decision.plan
-            plan.check_fits(heads, rows)
-            report.update(verified=bool(decision.verified_exact), need_bytes=int(decision.need_bytes),
-                          have_bytes=int(decision.have_bytes), escalated=bool(decision.escalated))
-        report.update(tier=plan.describe(), plan=plan.as_dict(), exactness=plan.exactness.value,
-                      exactness_detail=exactness_text(plan.relies_on, found))
+        _, report = self.handle.decide(rows, get_parameter_dtype(module.context_embedder), device)
         if torch.is_grad_enabled():
             report["tier"] = "stock block (autograd is recording)"
-        self.plan = plan
-        self.last_report = report
+        self.handle.record(report)
 
-    # -- install / remove ----------------------------------------------------------------------------
-    def _install(self) -> None:
-        blocks = list(self.transformer.transformer_blocks)
+    def install(self) -> None:
         try:
-            for block in blocks:
+            for block in self.transformer.transformer_blocks:
                 stock = block.attn.processor
-                processor = H3DirectorAttnProcessor(self, stock)
+                processor = H3DirectorAttnProcessor(self.handle, stock)
                 made_registry = getattr(block, "_diffusers_hook", None) is None
                 registry = HookRegistry.check_if_exists_or_initialize(block)
-                registry.register_hook(_BlockHook(self), HOOK_NAME)
-                self._installed.append(_Installed(block, stock, processor, made_registry))
+                registry.register_hook(_BlockHook(self.handle), HOOK_NAME)
+                self.installed.append(_Installed(block, stock, processor, made_registry))
                 block.attn.set_processor(processor)
-            self._pre_hook = self.transformer.register_forward_pre_hook(self._before_forward, with_kwargs=True)
-            setattr(self.transformer, _MARK, self)
+            self.pre_hook = self.transformer.register_forward_pre_hook(self.before_forward, with_kwargs=True)
+            setattr(self.transformer, _MARK, self.handle)
         except BaseException:
             self.remove()
             raise
@@ -422,12 +373,10 @@ class DiTMemoryHandle:
     def remove(self) -> None:
         """Put the stock processors and block forwards back; the transformer is then the stock model
         (its processors are the same objects as before `apply_memory_plan`)."""
-        if self.removed:
-            return
-        if self._pre_hook is not None:
-            self._pre_hook.remove()
-            self._pre_hook = None
-        for item in reversed(self._installed):
+        if self.pre_hook is not None:
+            self.pre_hook.remove()
+            self.pre_hook = None
+        for item in reversed(self.installed):
             block = item.block
             if block.attn.processor is item.processor:
                 # keep a backend chosen with set_attention_backend while the plan was installed
@@ -440,52 +389,47 @@ class DiTMemoryHandle:
                 if item.made_registry and not registry.hooks:
                     del block._diffusers_hook
                     block.__dict__.pop("forward", None)  # the registry left the bound stock forward behind
-        self._installed.clear()
-        if getattr(self.transformer, _MARK, None) is self:
+        self.installed.clear()
+        if getattr(self.transformer, _MARK, None) is self.handle:
             delattr(self.transformer, _MARK)
-        self.removed = True
 
 
-def _widths(config: Any | None):
-    from h3director.dit import kernels
-
-    if config is None:
-        return None
-    return kernels.KernelWidths(hidden=config.hidden_size, heads=config.num_attention_heads,
-                                head_dim=config.attention_head_dim, ffn=config.ffn_dim)
+def _widths(config: Any | None) -> KernelWidths | None:
+    """The `KernelWidths` of a `MiniMaxH3Transformer3DModel.config` (None: None, H3's real widths)."""
+    return None if config is None else KernelWidths.of(DiTShape.from_config(config))
 
 
 def verified_kernel_properties(device: torch.device, dtype: torch.dtype,
                                config: Any | None = None, rows: int | None = None) -> set[str]:
     """Kernel properties (`h3director.dit.tiers` names) that `verify-kernels` verified on `device` for
     `dtype`, at the widths of `config` (a `MiniMaxH3Transformer3DModel.config`; H3's real widths when None),
-    for the row class of `rows` (None: any), from `h3director.dit.kernels`' cache (`verified_for_model`:
+    for the row class of `rows` (None: any), from `h3director.dit.kernels`' cache (`lookup_for_model`:
     empty when nothing is verified, then only tiers exact by construction count as verified)."""
     from h3director.dit import kernels
 
-    return kernels.verified_for_model(device, dtype, widths=_widths(config), rows=rows)
+    found = kernels.lookup_for_model(device, dtype, widths=_widths(config), rows=rows)
+    return set(found.verified) if found is not None else set()
 
 
-def default_capacity(transformer: MiniMaxH3Transformer3DModel, budget_bytes: int | None = None):
+def default_capacity(transformer: MiniMaxH3Transformer3DModel,
+                     budget_bytes: int | None = None) -> dit_capacity.CapacityCheck:
     """The capacity check `apply_memory_plan` uses when none is given: the planner's diffusers ledgers at
     this model's widths (`DiTShape.from_config`), on the device of its first block's parameters, capped by
     `budget_bytes` (bytes; None = what the device can give)."""
-    from h3director.dit.capacity import CapacityCheck, ledger_cost_model
-    from h3director.plan.activations import DiTShape
-
     device = next(transformer.transformer_blocks[0].parameters()).device
-    cost = ledger_cost_model(DiTShape.from_config(transformer.config), "diffusers", device=device)
-    return CapacityCheck(cost, device, budget_bytes=budget_bytes)
+    return dit_capacity.default_capacity(DiTShape.from_config(transformer.config), "diffusers", device, budget_bytes)
 
 
-def _check_model(transformer: Any, plan: DiTMemoryPlan) -> None:
+def _check_model(transformer: Any) -> None:
     if not isinstance(transformer, MiniMaxH3Transformer3DModel):
         raise InvalidInputError(f"apply_memory_plan needs a diffusers MiniMaxH3Transformer3DModel, got "
                                 f"{type(transformer).__module__}.{type(transformer).__name__}")
     if getattr(transformer, _MARK, None) is not None:
         raise InvalidInputError("a DiT memory plan is already applied to this transformer; call remove() on its "
                                 "handle before applying another")
-    plan.check_fits(transformer.config.num_attention_heads)
+
+
+def _check_blocks(transformer: MiniMaxH3Transformer3DModel, plan: DiTMemoryPlan) -> None:
     for index, block in enumerate(transformer.transformer_blocks):
         where = f"transformer_blocks[{index}]"
         if not isinstance(block, MiniMaxH3TransformerBlock):
@@ -498,9 +442,6 @@ def _check_model(transformer: Any, plan: DiTMemoryPlan) -> None:
             raise InvalidInputError(
                 f"{where} already carries hooks or a replaced forward (group offload, caching, context parallel or "
                 "another patch); apply_memory_plan first, then enable_group_offload")
-        if block.attn.heads % plan.head_chunks:
-            raise InvalidInputError(f"head_chunks={plan.head_chunks} does not divide {where}.attn's {block.attn.heads} "
-                                    "heads")
         net = getattr(block.ff, "net", None)
         if net is None or len(net) != 3 or not isinstance(net[0], SwiGLU) or not isinstance(net[2], nn.Linear):
             raise InvalidInputError(f"{where}.ff is not the SwiGLU FeedForward (proj, dropout, linear) this adapter "
@@ -525,22 +466,27 @@ def apply_memory_plan(transformer: MiniMaxH3Transformer3DModel, head_chunks: int
     can give) caps the capacity check; given in `"fixed"` mode it makes each forward check that the fixed
     tier fits (and refuse with "[Director Safety] ... memory limit exceeded" when it does not).
 
+    Returns the `h3director.dit.memory.DiTMemoryHandle` (the same type the ComfyUI node uses); its `plan`
+    is the tier the current forward runs, `last_report` what the last one ran, `remove()` uninstalls.
+
     Bad input (another model class, a head count the groups do not divide, counts < 1, an unknown mode,
     a plan already applied, blocks already patched or hooked) raises `InvalidInputError` before anything
-    on the model changes. Use with group offload: see this module's docstring.
+    on the model changes (`h3director.dit.memory.memory_handle` checks the settings). Use with group
+    offload: see this module's docstring.
     """
-    plan = DiTMemoryPlan(head_chunks=head_chunks, ffn_chunks=ffn_chunks, query_chunks=query_chunks)
-    if mode not in MODES:
-        raise InvalidInputError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
-    _check_model(transformer, plan)
-    if capacity is not None and not callable(getattr(capacity, "choose", None)):
-        raise InvalidInputError(f"capacity must have a choose(rows, dtype, floor, mode, verified) method; got "
-                                f"{type(capacity).__name__}")
-    if capacity is not None and budget_bytes is not None:
-        raise InvalidInputError("give budget_bytes to the CapacityCheck you pass (capacity=CapacityCheck(..., "
-                                "budget_bytes=...)), not to apply_memory_plan as well")
+    _check_model(transformer)
+    config = transformer.config
+    handle = memory_handle(head_chunks, ffn_chunks, query_chunks, mode=mode, heads=config.num_attention_heads,
+                           blocks=len(transformer.transformer_blocks), budget_bytes=budget_bytes, capacity=capacity,
+                           widths=_widths(config))
+    _check_blocks(transformer, handle.floor)
     if capacity is None and (mode != "fixed" or budget_bytes is not None):
-        capacity = default_capacity(transformer, budget_bytes)
-    handle = DiTMemoryHandle(transformer, plan, mode, capacity)
-    handle._install()
+        handle.capacity, handle.own_capacity = default_capacity(transformer, budget_bytes), True
+    installation = _Installation(transformer, handle)
+    handle.uninstall = installation.remove
+    installation.install()
     return handle
+
+
+__all__ = ["DiTMemoryHandle", "H3DirectorAttnProcessor", "apply_memory_plan", "default_capacity",
+           "verified_kernel_properties"]

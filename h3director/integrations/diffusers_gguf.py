@@ -42,7 +42,8 @@ def _count(keys, prefix: str) -> int:
 
 
 def config_from_shapes(shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
-    """`MiniMaxH3Transformer3DModel` config from ComfyUI-keyed tensor shapes (the DiT prefix removed)."""
+    """`MiniMaxH3Transformer3DModel` config from ComfyUI-keyed tensor shapes (the DiT prefix removed).
+    `InvalidInputError` naming a tensor the config cannot be inferred without."""
     try:
         head_dim = shapes["blocks.0.attn.q_norm.weight"][0]
         config = dict(
@@ -94,7 +95,7 @@ def install_adaln_curves(model, table: torch.Tensor, block_dtype: torch.dtype = 
     projections without SiLU, in float32. Its `time_embed_dim` must be `table.shape[1]`. The blocks'
     modulation vectors are cast to `block_dtype` (the block stack's dtype) before use, as ComfyUI casts
     them to the residual stream's dtype; `norm_out`'s stay float32 (ComfyUI's final layer modulates in the
-    AdaLN dtype)."""
+    AdaLN dtype). `InvalidInputError` for a `table` that is not ``[grid >= 2, time_embed_dim]``."""
     import types
 
     if table.ndim != 2 or table.shape[0] < 2 or table.shape[1] != model.config.time_embed_dim:

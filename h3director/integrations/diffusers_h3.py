@@ -275,3 +275,7 @@ class H3VideoSession(DecodeSession):
                     out_y += tile.shape[-2]
             del decoded, latents
         return canvas
+
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "H3VideoAdapter", "H3VideoSession", "TileGrid",
+           "denormalize_video"]

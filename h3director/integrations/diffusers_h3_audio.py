@@ -182,3 +182,6 @@ class H3AudioAdapter:
             out[..., start * self.hop:stop * self.hop] = piece[..., (start - lo) * self.hop:(stop - lo) * self.hop]
             del piece
         return out.reshape(batch, streams, -1)
+
+
+__all__ = ["H3AudioAdapter", "context_latents", "decoder_influence"]

@@ -178,3 +178,6 @@ def remove_placement(pipe) -> None:
         for name in ALIGNED_METHODS:
             if hasattr(module.__dict__.get(name), _ORIGINAL):
                 del module.__dict__[name]
+
+
+__all__ = ["apply_placement", "remove_placement"]

@@ -99,7 +99,12 @@ class ResumableH3DenoiseStep(MiniMaxH3DenoiseStep):
 
 
 def resumable_core_denoise(folder: str | os.PathLike, every: int, restart: bool = False) -> MiniMaxH3CoreDenoiseStep:
-    """diffusers' `MiniMaxH3CoreDenoiseStep` (t2va) whose denoising loop is `ResumableH3DenoiseStep`."""
+    """A diffusers `MiniMaxH3CoreDenoiseStep` (t2va) whose denoising loop is
+    `ResumableH3DenoiseStep(folder, every, restart)`: checkpoints every `every` steps in `folder`;
+    `restart` discards the run's checkpoints first."""
     core = MiniMaxH3CoreDenoiseStep()
     core.sub_blocks["denoise"] = ResumableH3DenoiseStep(folder, every, restart)
     return core
+
+
+__all__ = ["ResumableH3DenoiseStep", "resumable_core_denoise"]

@@ -213,3 +213,6 @@ class WanVideoSession(DecodeSession):
         rows.append(torch.cat(row, dim=-1))
         dec = torch.cat(rows, dim=3)[:, :, :, :out_h, :out_w]
         return self._finish(dec)
+
+
+__all__ = ["WanVideoAdapter", "WanVideoSession"]

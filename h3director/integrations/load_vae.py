@@ -212,7 +212,8 @@ def _from_single_file(file: Path, kind: str, dtype: torch.dtype, allow_default_c
 
 def load_vae(path: str | os.PathLike, kind: str = "video", dtype: str = "float32", device: str = "cpu", *,
              allow_default_config: bool = False):
-    """Load a real diffusers VAE of `kind` ("video" or "audio") from `path`, in eval mode on `device`.
+    """Load a real diffusers VAE of `kind` ("video" or "audio") from `path`, in eval mode on `device`. Returns
+    the VAE module (`dtype` "float32", "float16" or "bfloat16").
 
     Raises `InvalidInputError` for a missing path, a file that is not `.safetensors`, a folder that is
     not a diffusers model, a config naming another class, weights whose tensor names or shapes do not
@@ -238,7 +239,9 @@ def load_vae(path: str | os.PathLike, kind: str = "video", dtype: str = "float32
 
 
 def video_adapter_for(vae):
-    """The streaming-decode adapter for a loaded diffusers video VAE (H3 or Wan)."""
+    """The streaming-decode adapter for a loaded diffusers video VAE: `H3VideoAdapter` for
+    `AutoencoderKLMiniMaxH3`, `WanVideoAdapter` for `AutoencoderKLWan`; `InvalidInputError` for any other
+    class."""
     name = type(vae).__name__
     if name == "AutoencoderKLMiniMaxH3":
         from h3director.integrations.diffusers_h3 import H3VideoAdapter
@@ -252,10 +255,14 @@ def video_adapter_for(vae):
 
 
 def audio_adapter_for(vae):
-    """The chunked-decode adapter for a loaded diffusers H3 audio VAE."""
+    """The chunked-decode `H3AudioAdapter` for a loaded `AutoencoderKLMiniMaxH3Audio`; `InvalidInputError`
+    for any other class."""
     name = type(vae).__name__
     if name != "AutoencoderKLMiniMaxH3Audio":
         raise InvalidInputError(f"no audio adapter for {name}; expected AutoencoderKLMiniMaxH3Audio")
     from h3director.integrations.diffusers_h3_audio import H3AudioAdapter
 
     return H3AudioAdapter(vae)
+
+
+__all__ = ["audio_adapter_for", "load_vae", "video_adapter_for"]

@@ -3,18 +3,8 @@ diffusers appliers of `h3director.plan.placement`)."""
 
 from __future__ import annotations
 
+from h3director.core.devices import available_devices
 from h3director.errors import InvalidInputError
-
-
-def available_devices() -> list[str]:
-    """The devices a placement may name here: "cpu", then "cuda:0".."cuda:N-1" (`torch.cuda.device_count()`),
-    then "mps" where available."""
-    import torch
-
-    names = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        names.append("mps")
-    return names
 
 
 def resolve_device(name: str):
@@ -29,3 +19,6 @@ def resolve_device(name: str):
     if wanted not in available:
         raise InvalidInputError(f"device {name} does not exist on this machine: available {', '.join(available)}")
     return torch.device(wanted)
+
+
+__all__ = ["resolve_device"]

@@ -126,3 +126,6 @@ def load_upscale_model(path: str | os.PathLike, *, device: torch.device | str = 
         raise InvalidInputError(f"{source}: cannot load the model ({type(exc).__name__}: {exc})") from None
     check_upscaler(descriptor, str(source))
     return from_descriptor(descriptor, device=device, dtype=dtype)
+
+
+__all__ = ["from_descriptor", "load_upscale_model"]

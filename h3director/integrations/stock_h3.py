@@ -54,3 +54,6 @@ def stock_audio_decode(audio_vae, audio_latents: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         audio = audio_vae.decode(audio_latents * std + mean, return_dict=False)[0]
     return audio.float().permute(1, 0, 2)
+
+
+__all__ = ["stock_audio_decode", "stock_uint8_frames", "stock_video_decode"]

@@ -62,3 +62,6 @@ def tiny_wan_vae(seed: int = 0):
     from diffusers import AutoencoderKLWan
 
     return _build(AutoencoderKLWan, seed, 4, base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1)
+
+
+__all__ = ["tiny_h3_audio_vae", "tiny_h3_vae", "tiny_wan_vae"]

@@ -23,23 +23,12 @@ import numpy as np
 from h3director.native import _common
 from h3director.native._arena import Arena, ArenaFullError, ArenaStats, Lease
 
-__all__ = [
-    "Arena",
-    "ArenaFullError",
-    "ArenaStats",
-    "Lease",
-    "backend",
-    "dequantize",
-    "describe",
-    "implementation",
-    "pack_frames",
-]
-
 _BACKEND_ENV = "H3_NATIVE"  # "numpy" forces the fallback, "c" makes a missing library an error
 
 
 def implementation(name: str | None = None) -> ModuleType:
-    """The backend module for `name` ("c", "numpy", or None for the active one)."""
+    """The backend module for `name` ("c", "numpy", or None for the active one). `InvalidInputError` for
+    any other name, also from ``H3_NATIVE``."""
     wanted = name or os.environ.get(_BACKEND_ENV, "").strip().lower() or None
     if wanted not in (None, "c", "numpy"):
         raise _common.InvalidInputError(f"backend must be 'c' or 'numpy', got {wanted!r}")
@@ -155,3 +144,7 @@ def dequantize(
         flat = flat.view(np.uint16)  # the backends write bfloat16 as its 16 bits
     impl.dequantize(blocks, qt, flat, name, threads)
     return result
+
+
+__all__ = ["Arena", "ArenaFullError", "ArenaStats", "Lease", "backend", "dequantize", "describe",
+           "implementation", "pack_frames"]

@@ -5,6 +5,13 @@ has a Python owner object (`_Block`); every numpy array made from a lease has th
 `.base`, and torch tensors made with `torch.from_numpy` keep that array alive. So
 `Lease.release()` (or leaving the `with` block) only drops the lease's own reference: an array or
 tensor that outlives its lease keeps its bytes valid, and they are freed when it dies.
+
+Library-only: no pipeline of the director leases from an `Arena` (the native core's packing and dequantising
+accept a lease view as ``out``; a caller that wants reused, pre-mapped host buffers uses it directly). The
+host path it would fit, the per-clip uint8 staging of a decode to MP4, was measured (`bench/arena_staging.py`,
+docs/NATIVE.md): reusing an arena's pages makes the packing faster only by keeping the staging resident between
+clips, which a long-lived host such as ComfyUI would then hold for good, and at memory level >= 1 with the slot
+pool on the CPU that staging already comes from the pool.
 """
 
 from __future__ import annotations

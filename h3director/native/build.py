@@ -136,6 +136,8 @@ def build(output: Path | None = None, *, sanitize: bool = False, capture: bool =
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m h3director.native.build [--output PATH] [--sanitize]`: build the library and print its path;
+    returns 0, or 1 when the compiler fails (message on stderr)."""
     parser = argparse.ArgumentParser(prog="python -m h3director.native.build", description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, help="where to write the library (default: the per-user cache the "
                                                     "loader reads, see above)")
@@ -152,3 +154,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+__all__ = ["LIBRARY_STEM", "SOURCE", "NoCompilerError", "build", "build_cached", "cached_library_path",
+           "compiler", "library_filename", "main", "source_key"]

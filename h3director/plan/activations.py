@@ -153,8 +153,9 @@ def _rms_norm(ledger: _DiTLedger, name: str, numel: int, e: int, input_bytes: in
 
 def replay_math_attention(ledger: ByteLedger, score_elements: int, out_bytes: int, e: int,
                           k_bytes: int | None = None) -> None:
-    """PyTorch's unfused SDPA: q and k scaled by sqrt(scale) (copies), scores, their softmax, then the
-    output "attn" (left live; the output has q's size, `out_bytes`; k has `k_bytes`, default q's size)."""
+    """Replay into `ledger` the allocations of PyTorch's unfused SDPA, in bytes: q and k scaled by
+    sqrt(scale) (copies), scores and their softmax (`score_elements` elements of `e` bytes each), then the
+    output "attn", left live, of `out_bytes` (q's size; k has `k_bytes`, default q's size). Returns None."""
     ledger.alloc("q_scaled", out_bytes)
     ledger.alloc("k_scaled", out_bytes if k_bytes is None else k_bytes)
     ledger.alloc("scores", score_elements * e)
@@ -519,6 +520,8 @@ def _refiner_block(ledger: ByteLedger, shape: DiTShape, seq: int, e: int, attent
 
 def check_backend(attention: str, head_chunks: int, ffn_chunks: int, shape: DiTShape,
                   framework: str = "diffusers") -> None:
+    """Refuse, with InvalidInputError, an `attention` backend or `framework` the cost model does not know,
+    `head_chunks` that do not divide `shape.heads`, or `ffn_chunks` < 1; returns None."""
     if attention not in ATTENTION_BACKENDS:
         raise InvalidInputError(f"attention must be one of {ATTENTION_BACKENDS}, got {attention!r}")
     if framework not in FRAMEWORKS:
@@ -698,3 +701,8 @@ def comfy_cost_model(shape: DiTShape | None = None, attention: str = "flash") ->
 def diffusers_cost_model(shape: DiTShape | None = None, attention: str = "flash") -> DiTCostModel:
     """The cost model of diffusers' `MiniMaxH3Transformer3DModel` (`shape` default: the released model)."""
     return DiTCostModel(shape or DiTShape(), "diffusers", attention)
+
+
+__all__ = ["QUERY_ALIGN", "BlockTier", "BlockTokenBytes", "DiTCostModel", "DiTShape", "PackedRows",
+           "attention_call_bytes", "block_token_bytes", "check_backend", "dit_block_peak_bytes",
+           "dit_block_section_peaks", "dit_forward_peak_bytes", "first_range_rows", "replay_math_attention"]

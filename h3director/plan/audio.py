@@ -155,3 +155,6 @@ def audio_decode_working_set_bytes(audio_config: Mapping | None, latent_frames: 
 def audio_samples_bytes(latent_frames: int, batch: int = 2) -> int:
     """Bytes of the decoded float32 waveform: `batch x latent_frames x hop` samples."""
     return batch * audio_samples_for(latent_frames) * FP32
+
+
+__all__ = ["BigVGANShape", "audio_decode_working_set_bytes", "audio_samples_bytes"]

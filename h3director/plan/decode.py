@@ -228,6 +228,8 @@ def decode_clip_working_set_bytes(vae_config: Mapping, height: int, width: int, 
                                   tile_overlap: int = DEFAULT_TILE_OVERLAP, tiling: bool = True,
                                   attention: str = "efficient") -> int:
     """Peak bytes to decode ONE temporal clip of H3's video VAE, beyond weights and input latents.
+    `InvalidInputError` for `tiles_per_call` < 1 or a size that is not a positive multiple of the spatial
+    compression.
 
     `vae_config`: `AutoencoderKLMiniMaxH3`'s config mapping. `height`, `width`: decoded frame size in
     pixels (multiples of the spatial compression). `dtype`: the decoder's compute dtype
@@ -382,3 +384,7 @@ def output_host_bytes(sink: str, frames: int, width: int, height: int,
     if sink == "uint8":
         return pixels
     return clip_frames * width * height * 3 * 4
+
+
+__all__ = ["SINKS", "ViTDecoderShape", "clip_buffer_bytes", "decode_clip_working_set_bytes",
+           "output_host_bytes", "split_tiles"]

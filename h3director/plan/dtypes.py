@@ -14,7 +14,8 @@ _DTYPE_BYTES = {
 
 
 def dtype_bytes(dtype: object) -> int:
-    """Bytes per element of a floating compute dtype: `torch.float32` or "fp32" -> 4, "bf16" -> 2."""
+    """Bytes per element of a floating compute dtype: `torch.float32` or "fp32" -> 4, "bf16" -> 2.
+    `InvalidInputError` for any other dtype."""
     itemsize = getattr(dtype, "itemsize", None)
     if isinstance(itemsize, int) and not isinstance(dtype, str):
         return itemsize
@@ -22,3 +23,6 @@ def dtype_bytes(dtype: object) -> int:
     if name not in _DTYPE_BYTES:
         raise InvalidInputError(f"unknown compute dtype {dtype!r}: expected one of {sorted(_DTYPE_BYTES)}")
     return _DTYPE_BYTES[name]
+
+
+__all__ = ["dtype_bytes"]

@@ -235,6 +235,8 @@ def int32_qkv_token_limit(shape: DiTShape) -> int:
 
 
 def model_config_key(config: Mapping | None) -> str:
+    """A model config (mapping, or None for the default) as a canonical JSON string (sorted keys,
+    sequences as lists): the key of the per-config inventory and weight-bytes caches."""
     return json.dumps(dict(config or {}), sort_keys=True, default=list)
 
 
@@ -278,7 +280,8 @@ def _sampling_working_set(config_key: str, rows: PackedRows, dtype: str, attenti
 
 
 def estimate(request: PlanRequest) -> PlanEstimate:
-    """Per-phase bytes for `request` (validated first; see the module docstring)."""
+    """The `PlanEstimate` (bytes per phase, device and host) for `request`, which is validated first:
+    `InvalidInputError` for a size, frame count or setting out of range (see the module docstring)."""
     request.validate()
     # H3 samples its audio rows whether or not the audio is decoded (ComfyUI's empty AV latent always
     # carries them), so `request.audio` only decides the audio VAE and its output; only a video-only draft
@@ -340,3 +343,8 @@ def estimate(request: PlanRequest) -> PlanEstimate:
     if request.attention == "math":
         notes.append("math attention materialises heads x S x S scores; a fused kernel needs none of it")
     return PlanEstimate(request=request, geometry=geo, phases=phases, notes=tuple(notes))
+
+
+__all__ = ["DEFAULT_TEXT_TOKENS", "DIT_HIGH_PRECISION_BYTES", "MAX_FRAMES", "Geometry", "Phase",
+           "PlanEstimate", "PlanRequest", "audio_working_set", "clip_working_set", "estimate",
+           "int32_qkv_token_limit", "model_config_key", "packed_geometry"]

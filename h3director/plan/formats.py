@@ -79,7 +79,8 @@ MIXED_ROLES = ("attn_qk", "attn_v", "ffn_down")
 
 
 def weight_format(name: str) -> WeightFormat:
-    """The `WeightFormat` called `name` (case-insensitive; e.g. "int8", "Q4_K_M", "nvfp4")."""
+    """The `WeightFormat` called `name` (case-insensitive; e.g. "int8", "Q4_K_M", "nvfp4").
+    `InvalidInputError` naming the known formats for any other."""
     key = name.strip().lower().replace("-", "_")
     key = ALIASES.get(key, key)
     if key not in FORMATS:
@@ -92,3 +93,6 @@ def role_bits(fmt: WeightFormat, role: str) -> float:
     if fmt.name == "q4_k_m" and role in MIXED_ROLES:
         return (fmt.bits_per_weight + Q6K_BPW) / 2
     return fmt.bits_per_weight
+
+
+__all__ = ["FORMATS", "GGML_BLOCKS", "WeightFormat", "role_bits", "weight_format"]

@@ -67,3 +67,6 @@ class Bindings:
             self.vars[var] = tensor
         if old is not None and old not in self.vars.values():
             self.ledger.free(old)
+
+
+__all__ = ["Bindings", "ByteLedger"]

@@ -74,3 +74,6 @@ def peak_live_bytes(fn, *args, **kwargs) -> tuple[int, object]:
     with LiveBytesTracker() as tracker:
         result = fn(*args, **kwargs)
     return tracker.peak_bytes, result
+
+
+__all__ = ["LiveBytesTracker", "peak_live_bytes"]

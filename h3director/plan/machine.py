@@ -12,7 +12,9 @@ from h3director.plan.recommend import Budget
 
 
 def detect_budget(device: str = "auto", *, host_bytes: int | None = None) -> tuple[Budget, str]:
-    """(Budget, one line saying what was read). `device`: "auto", "cuda[:n]", "mps" or "cpu"."""
+    """(Budget, one line saying what was read). `device`: "auto", "cuda[:n]", "mps" or "cpu". `host_bytes`:
+    host RAM to plan with (bytes; None: psutil's available memory). `InvalidInputError` for a CUDA device
+    on a machine without one."""
     import psutil
     import torch
 
@@ -37,3 +39,6 @@ def detect_budget(device: str = "auto", *, host_bytes: int | None = None) -> tup
     why = "--device cpu" if wanted == "cpu" else "no CUDA or MPS device"
     return (Budget(device_bytes=host, host_bytes=host, device="cpu"),
             f"{why}: planning a CPU run in host RAM ({host / 2**30:.1f} GiB available)")
+
+
+__all__ = ["detect_budget"]

@@ -293,3 +293,7 @@ def text_encoder_inventory(spec: TextEncoderSpec | None = None) -> ModelInventor
                        repeat=s.deepstack_mergers),
         ),
     )
+
+
+__all__ = ["ModelInventory", "ParamGroup", "TextEncoderSpec", "audio_vae_inventory", "dit_inventory",
+           "text_encoder_inventory", "video_vae_inventory"]

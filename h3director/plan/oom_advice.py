@@ -88,10 +88,10 @@ def _recommendation(geometry: dict, card_bytes: int, host_bytes: int, target: st
 
 
 def advise(items: list, *, host_bytes: int, target: str = "comfyui", host_source: str = "") -> None:
-    """Add phase-aware advice to every `core.oom.OomError` in `items` whose phase is known (in place).
-
-    `host_bytes`: the host RAM to plan with (the log does not say it), `host_source` how it was chosen (for the
-    text). Errors of an unknown phase keep the allocator's generic advice."""
+    """Add phase-aware advice, in place, to every `core.oom.OomError` in `items` whose phase is known;
+    returns None. `host_bytes`: the host RAM to plan with (bytes; the log does not say it), `host_source`
+    how it was chosen (for the text); `target`: "comfyui" or "diffusers" (else `InvalidInputError`). Errors
+    of an unknown phase keep the allocator's generic advice."""
     from h3director.core.oom import OomError
 
     caps.check_target(target)
@@ -132,3 +132,6 @@ def advise(items: list, *, host_bytes: int, target: str = "comfyui", host_source
                           f"{item.phase.replace('_', ' ')} settings that fit (fill in the placeholders)")
         item.advice = advice
         item.steps = five_steps(recommendation, target)
+
+
+__all__ = ["STEPS", "advise"]

@@ -616,3 +616,7 @@ def _plan_command(request: PlanRequest, device: DeviceSpec, host_bytes: int, mar
     if margin != DEFAULT_MARGIN:
         parts.append(f"--margin {margin:g}")
     return " ".join(parts)
+
+
+__all__ = ["COMPONENTS", "ComponentNeed", "DeviceSpec", "Placement", "parse_devices", "parse_placement",
+           "place"]

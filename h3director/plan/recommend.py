@@ -12,9 +12,9 @@ Search order (first fit wins; exact savings before ones that cost speed, speed b
 3. decode: the reference tiled path, else streamed tiling with 4, 2, 1 tiles per call; the sink
    uint8 frames if the whole video fits host RAM, else memmap / video file;
 4. if no setting fits the whole length: long-form generation in chunks on the 17n+5 grid, each
-   chunk conditioned on the previous chunk's last `LONG_FORM_OVERLAP` frames; the longest chunk
-   that fits is found by bisection over the grid (every phase's bytes grow with the chunk's length),
-   so a plan costs the same few hundred estimates whatever the length.
+   chunk conditioned on the previous chunk's last `geometry.CHAIN_OVERLAP` frames (22: one encoder clip
+   plus the grid's 5); the longest chunk that fits is found by bisection over the grid (every phase's
+   bytes grow with the chunk's length), so a plan costs the same few hundred estimates whatever the length.
 
 `Budget.device_usable` = VRAM x (1 - margin) - reserve (CUDA context and allocator slack);
 `Budget.host_usable` = RAM x (1 - margin). On a CPU-only or MPS budget (`Budget.unified`) model and
@@ -52,10 +52,9 @@ DEFAULT_TARGET = "comfyui"
 # (head chunks, FFN chunks), cheapest to run first: stock, then the DiT memory tiers in the order
 # `h3director.dit.tiers.escalation_ladder` walks them (FFN row chunks, then head groups with them).
 CHUNKINGS = ((1, 1), (1, 2), (2, 8), (4, 8), (8, 16), (14, 28), (28, 56), (56, 112))
-DIT_MEMORY_NODE = "H3Director DiT Memory"
+DIT_MEMORY_TITLE = "H3Director DiT Memory"   # the node's display name (its id: capabilities.DIT_MEMORY_NODE)
 DECODE_TILES = (None, 4, 2, 1)
 SINK_ORDER = ("uint8", "memmap")
-LONG_FORM_OVERLAP = geometry.CHAIN_OVERLAP   # 22 frames (17 + 5): one encoder clip plus the grid's 5, reused as conditioning
 DEFAULT_MARGIN = 0.10
 DEFAULT_RESERVE = 768 * MiB
 
@@ -216,7 +215,9 @@ class Recommendation:
 
 
 def dit_memory_settings(head_chunks: int, ffn_chunks: int) -> dict:
-    """How to run a (head chunks, FFN chunks) choice: the ComfyUI node's inputs and the diffusers call.
+    """How to run `head_chunks` x `ffn_chunks` (counts), as a dict: ``node`` (the ComfyUI node's display name,
+    None for the stock (1, 1) block), its ``mode``, ``head_chunks`` and ``ffn_chunks`` inputs, the
+    ``diffusers`` call, and an ``advice`` line.
 
     (1, 1) is the stock block: nothing to install. Otherwise the node "H3Director DiT Memory" in mode
     fixed with those counts (mode auto starts from them and escalates per forward when the device has
@@ -224,8 +225,8 @@ def dit_memory_settings(head_chunks: int, ffn_chunks: int) -> dict:
     if (head_chunks, ffn_chunks) == (1, 1):
         return {"node": None, "advice": "stock DiT blocks: no DiT memory node needed"}
     call = f"apply_memory_plan(transformer, head_chunks={head_chunks}, ffn_chunks={ffn_chunks})"
-    node = f'{DIT_MEMORY_NODE}: mode fixed, head_chunks {head_chunks}, ffn_chunks {ffn_chunks}'
-    return {"node": DIT_MEMORY_NODE, "mode": "fixed", "head_chunks": head_chunks, "ffn_chunks": ffn_chunks,
+    node = f'{DIT_MEMORY_TITLE}: mode fixed, head_chunks {head_chunks}, ffn_chunks {ffn_chunks}'
+    return {"node": DIT_MEMORY_TITLE, "mode": "fixed", "head_chunks": head_chunks, "ffn_chunks": ffn_chunks,
             "diffusers": call,
             "advice": f'node "{node}" (or mode auto, which starts there); diffusers: {call}'}
 
@@ -309,8 +310,9 @@ def _fewest_offloaded(base: PlanRequest, budget: Budget, blocks: int) -> PlanReq
 
 
 def choose_dit(request: PlanRequest, budget: Budget, formats: Sequence[str]) -> PlanRequest | None:
-    """Per weights format, in order: the least chunking that fits with the DiT resident; else, since
-    offloaded blocks cross the bus every step while the chunked tiers are exact and cost little time,
+    """The `request` with the DiT settings to run it within `budget` (bytes), or None when no format of
+    `formats` fits. Per weights format, in order: the least chunking that fits with the DiT resident; else,
+    since offloaded blocks cross the bus every step while the chunked tiers are exact and cost little time,
     the chunking that needs the fewest offloaded blocks (the less chunked one on a tie)."""
     shape = DiTShape.from_config(request.dit_config)
     chunkings = _chunkings(shape)
@@ -456,7 +458,7 @@ def _recommend(request: PlanRequest, budget: Budget | int, *, formats: Sequence[
 
     rejected.append(f"{request.frames} frames in one pass do not fit with any format, chunking or offload "
                     f"(activations alone need {format_size(sampling.working_bytes)} in {formats[0]})")
-    overlap = LONG_FORM_OVERLAP
+    overlap = geometry.CHAIN_OVERLAP
     found = _longest_chunk(request, budget, formats, overlap)
     if found is not None:
         longest, _ = found
@@ -477,3 +479,8 @@ def _recommend(request: PlanRequest, budget: Budget | int, *, formats: Sequence[
         f"nothing fits: {what} {format_size(smallest.peak_device_bytes)} on the device and "
         f"{format_size(smallest.peak_host_bytes)} of host RAM; usable: {format_size(budget.device_usable)} device, "
         f"{format_size(budget.host_usable)} host")
+
+
+__all__ = ["CHUNKINGS", "DECODE_TILES", "DEFAULT_MARGIN", "DEFAULT_RESERVE", "DIT_FORMATS", "SINK_ORDER",
+           "TEXT_ENCODER_CHOICES", "Budget", "LongForm", "Recommendation", "SegmentPlan", "choose_decode",
+           "choose_dit", "dit_memory_settings", "recommend"]

@@ -147,7 +147,8 @@ def _settings_line(rec: Recommendation) -> str:
 def plan_staged(request: PlanRequest, budget: Budget, *, draft_size: tuple[int, int] | None = None,
                 draft_fps: float = DEFAULT_DRAFT_FPS, denoise: float = DEFAULT_DENOISE,
                 formats: Sequence[str] | None = None) -> StagedPlan:
-    """Recommend settings for both stages of `request` (the final video) within `budget`.
+    """Recommend settings for both stages of `request` (the final video) within `budget`. Returns the
+    `StagedPlan`.
 
     `draft_size`: (width, height) of the draft, default `default_draft_size`; `draft_fps`: its frame rate
     (0 < fps <= 24); `denoise`: stage two's KSampler denoise, in (0, 1). The draft uses the final's DiT weights
@@ -176,3 +177,7 @@ def plan_staged(request: PlanRequest, budget: Budget, *, draft_size: tuple[int, 
     if draft.long_form is not None:          # cannot happen for a draft no larger than a final that fits
         raise InvalidInputError("the draft does not fit in one pass")
     return StagedPlan(draft=draft, final=final, draft_fps=draft_fps, denoise=denoise)
+
+
+__all__ = ["DEFAULT_DENOISE", "DEFAULT_DRAFT_FPS", "StagedPlan", "default_draft_size", "draft_frames_for",
+           "parse_size", "plan_staged"]

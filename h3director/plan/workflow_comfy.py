@@ -292,10 +292,12 @@ def staged_workflows(draft_request, final_request, files: ModelFiles, spec: RunS
                      denoise: float, draft_fps: float,
                      draft_latent: str | None = None) -> tuple[Workflow, Workflow]:
     """The two prompts of staged generation (`plan.staged`): stage one samples `draft_request` (video-only:
-    ``audio_rows`` False) and saves its video latent with SaveLatent under `DRAFT_LATENT_PREFIX`, plus a preview
-    MP4 at `draft_fps`; stage two loads `draft_latent` (default `draft_latent_name()`, to be copied from
-    ComfyUI's output/latents/ into its input folder), resizes it onto the final AV latent and samples that at
-    `denoise` with the final request's settings, ending in the streaming decode with audio.
+    ``audio_rows`` False) and saves its video latent with SaveLatent under `DRAFT_LATENT_PREFIX`, plus a
+    preview MP4 at `draft_fps`; stage two loads `draft_latent` (default `draft_latent_name()`, to be copied
+    from ComfyUI's output/latents/ into its input folder), resizes it onto the final AV latent and samples
+    that at `denoise` with the final request's settings, ending in the streaming decode with audio.
+    `InvalidInputError` for a stage-one request with audio, the two stages on different DiT weights, or
+    keyframes the workflow does not have.
 
     Both stages load the same files (`files`); the draft request must use the final's DiT weights format."""
     for request in (draft_request, final_request):
@@ -325,3 +327,7 @@ def staged_workflows(draft_request, final_request, files: ModelFiles, spec: RunS
     _decode([sampled, 0], ids, spec, g, audio=final_request.audio, fps=spec.fps, prefix=spec.filename_prefix)
     stage_two = Workflow(graph=g.nodes, settings=settings, config=_apply_node_settings(settings, g))
     return stage_one, stage_two
+
+
+__all__ = ["ModelFiles", "RunSpec", "Workflow", "comfy_workflow", "dit_file_kind", "draft_latent_name",
+           "loadable_formats", "staged_workflows"]

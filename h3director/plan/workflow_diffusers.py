@@ -26,8 +26,6 @@ from dataclasses import dataclass
 from h3director.errors import InvalidInputError
 from h3director.plan.capabilities import GGUF_TYPES, applied_settings
 
-__all__ = ["DiffusersFiles", "diffusers_script"]
-
 
 @dataclass(frozen=True)
 class DiffusersFiles:
@@ -71,7 +69,8 @@ def _lines(applied, key: str) -> list:
 
 def diffusers_script(request, files: DiffusersFiles, *, prompt: str = "", seed: int = 42, steps: int = 30,
                      command: str = "h3director plan") -> str:
-    """The script's text for the plan `request` (a `PlanRequest`, normally `Recommendation.request`)."""
+    """The script's text for the plan `request` (a `PlanRequest`, normally `Recommendation.request`).
+    `InvalidInputError` for weights no diffusers loader is written for."""
     files.check(request)
     applied = applied_settings(request, "diffusers")
     weights = next(a for a in applied if a.capability.startswith("dit.weights."))
@@ -223,3 +222,6 @@ if __name__ == "__main__":
     main()
 '''
     return header + body
+
+
+__all__ = ["DiffusersFiles", "diffusers_script"]

@@ -7,3 +7,5 @@ steps, the last two kept, corrupt files skipped with a warning, a full disk turn
 The framework adapters live in `integrations/comfy_resume.py` (ComfyUI's k-diffusion samplers) and
 `integrations/diffusers_resume.py` (the diffusers H3 denoising loop).
 """
+
+__all__: list[str] = []

@@ -84,7 +84,8 @@ def _listed(folder: Path) -> list[tuple[int, Path]]:
 
 
 def read_checkpoint(path: Path) -> SamplingCheckpoint:
-    """Load one checkpoint file and verify it; raises `ValueError`/`OSError` describing what is wrong."""
+    """Load one checkpoint file and verify it; raises `ValueError`/`OSError` describing what is wrong.
+    Returns the `SamplingCheckpoint`."""
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt", device="cpu") as handle:
@@ -207,3 +208,6 @@ class CheckpointStore:
         for path in self.folder.iterdir():
             if _NAME.match(path.name) or (path.name.startswith(".step_") and path.name.endswith(".tmp")):
                 remove_quietly(path)
+
+
+__all__ = ["CheckpointMismatch", "CheckpointStore", "SamplingCheckpoint", "read_checkpoint"]

@@ -87,3 +87,6 @@ def module_identity(module: torch.nn.Module) -> str:
         except Exception:  # noqa: BLE001 - identity without the weights rather than no identity
             text += ", weights not readable"
     return text
+
+
+__all__ = ["module_identity", "sigmas_digest", "structure_digest", "tensor_crc32", "tensor_digest"]

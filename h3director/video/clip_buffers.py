@@ -40,12 +40,15 @@ CARRIED = OLD
 @dataclass(frozen=True)
 class BufferCounts:
     """What a decode's buffers did: pool leases served, fallbacks (pool full or too small), plain
-    allocations outside the pool, collections run between clips (counts, this decode only)."""
+    allocations outside the pool, collections run between clips, and the pool leases / bytes those
+    collections returned to the pool (counts and bytes, this decode only)."""
 
     pool_leases: int = 0
     pool_fallbacks: int = 0
     unpooled: int = 0
     collections: int = 0
+    reclaimed_leases: int = 0
+    reclaimed_bytes: int = 0
 
 
 class ClipBuffers:
@@ -55,6 +58,7 @@ class ClipBuffers:
         self.pool = pool
         self.collect_between_clips = collect_between_clips
         self._leases = self._fallbacks = self._unpooled = self._collections = 0
+        self._reclaimed_leases = self._reclaimed_bytes = 0
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str,
               generation: int = CLIP) -> torch.Tensor:
@@ -98,13 +102,16 @@ class ClipBuffers:
         if not self.collect_between_clips:
             return
         if self.pool is not None:
-            self.pool.collect(YOUNG)
+            report = self.pool.collect(YOUNG)
+            self._reclaimed_leases += report.reclaimed_leases
+            self._reclaimed_bytes += report.reclaimed_bytes
         else:
             gc.collect(0)
         self._collections += 1
 
     def counts(self) -> BufferCounts:
-        return BufferCounts(self._leases, self._fallbacks, self._unpooled, self._collections)
+        return BufferCounts(self._leases, self._fallbacks, self._unpooled, self._collections,
+                            self._reclaimed_leases, self._reclaimed_bytes)
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:
@@ -114,3 +121,6 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
         return True
     current = torch.cuda.current_device() if torch.cuda.is_available() else 0
     return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
+
+
+__all__ = ["CARRIED", "CLIP", "BufferCounts", "ClipBuffers"]

@@ -45,3 +45,6 @@ def crossfade(a: torch.Tensor, b: torch.Tensor, nominal_extent: int, dim: int) -
     """
     parts = crossfade_parts(a, b, nominal_extent, dim)
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
+
+
+__all__ = ["crossfade", "crossfade_parts"]

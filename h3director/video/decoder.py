@@ -114,3 +114,6 @@ class VideoDecoderAdapter(ABC):
     def cheaper(self, execution: ClipExecution) -> ClipExecution | None:
         """The next cheaper execution after an out-of-memory error, or None when none is left."""
         return None
+
+
+__all__ = ["Checkpoint", "ClipExecution", "DecodeSession", "VideoDecoderAdapter"]

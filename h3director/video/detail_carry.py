@@ -52,7 +52,9 @@ class CarryPlan:
 
 
 def plan_carry(frames, detailed, indices: Sequence[int]) -> CarryPlan:
-    """Check the three inputs against each other (see the module docstring) and return the geometry."""
+    """The `CarryPlan` (geometry) of merging `detailed` keyframes `[K, H', W', C]` at `indices` into
+    `frames` `[F, H, W, C]`, once the three are checked against each other (see the module docstring);
+    `InvalidInputError` naming the first mismatch."""
     count = frame_count(frames)
     shape = tuple(detailed.shape)
     if len(shape) != 4 or min(shape) < 1:
@@ -98,7 +100,8 @@ def carry_detail(frames, detailed, indices: Sequence[int], *, flow_warp: bool = 
 
 def merge_into(out, frames, detailed, indices: Sequence[int], *, flow_warp: bool = False):
     """Write every output frame into `out` `[F, H', W', C]` (float32; numpy or a CPU torch tensor) and
-    return it. Checked before the first write."""
+    return it. Checked before the first write. `InvalidInputError` for inputs that do not fit each other
+    (see `plan_carry`) or an `out` of another shape."""
     plan = plan_carry(frames, detailed, indices)
     expected = (plan.count, *plan.size, plan.channels)
     if tuple(out.shape) != expected:
@@ -170,3 +173,6 @@ def _resize(frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     enlarge = height * width > frame.shape[0] * frame.shape[1]
     out = cv2.resize(frame, (width, height), interpolation=cv2.INTER_CUBIC if enlarge else cv2.INTER_AREA)
     return out.reshape(height, width, frame.shape[-1])
+
+
+__all__ = ["CarryPlan", "carry_detail", "merge_into", "output_shape", "plan_carry"]

@@ -52,7 +52,8 @@ class KeyframeSelection:
 
 
 def frame_count(frames) -> int:
-    """Frames in a `[F, H, W, C]` sequence, after checking its shape and dtype."""
+    """The number of frames F of `frames` `[F, H, W, C]` (C 1, 3 or 4; float in [0, 1] or uint8);
+    `InvalidInputError` for any other shape or dtype."""
     shape = tuple(frames.shape)
     if len(shape) != 4 or shape[-1] not in (1, 3, 4) or min(shape) < 1:
         raise InvalidInputError(f"frames must be [F >= 1, H, W, C in (1, 3, 4)], got shape {list(shape)}")
@@ -81,7 +82,7 @@ def luma(frame: np.ndarray) -> np.ndarray:
 
 
 def every_n_indices(count: int, n: int) -> tuple[int, ...]:
-    """0, n, 2n, ... below `count`, and `count - 1`."""
+    """0, n, 2n, ... below `count`, and `count - 1`. `InvalidInputError` for `n` < 1 or `count` < `n`."""
     if n < 1:
         raise InvalidInputError(f"n must be >= 1, got {n}")
     if count < n:
@@ -159,8 +160,9 @@ def motion_peak_indices(magnitudes: np.ndarray, min_spacing: int) -> tuple[int, 
 
 def select_keyframes(frames, mode: str, *, n: int = 5, threshold: float = 0.4, min_spacing: int = 5,
                      analysis_side: int = 256) -> KeyframeSelection:
-    """Keyframe indices of `frames` `[F, H, W, C]` by `mode` (see the module docstring); every
-    parameter is checked before a frame is read."""
+    """Keyframe indices of `frames` `[F, H, W, C]` by `mode` (see the module docstring); every parameter is
+    checked before a frame is read. Returns a `KeyframeSelection`; `InvalidInputError` for an unknown
+    `mode` or a parameter out of range."""
     count = frame_count(frames)
     if mode == "every_n":
         return KeyframeSelection(every_n_indices(count, int(n)), None, mode)
@@ -178,7 +180,9 @@ def select_keyframes(frames, mode: str, *, n: int = 5, threshold: float = 0.4, m
 
 
 def check_indices(indices: Sequence[int], count: int) -> tuple[int, ...]:
-    """`indices` as a tuple after checking they are integers, strictly increasing and in [0, count)."""
+    """`indices` as a tuple after checking they are integers, strictly increasing and in [0, count).
+    `InvalidInputError` for none, non-integers, unsorted or repeated indices, or indices outside the
+    frames."""
     values = list(indices)
     if not values:
         raise InvalidInputError("no keyframe indices")
@@ -209,7 +213,8 @@ def format_indices(indices: Sequence[int]) -> str:
 
 
 def parse_indices(text: str) -> list[int]:
-    """The inverse of `format_indices`; also takes comma-separated integers (``"0, 5, 9"``)."""
+    """The inverse of `format_indices`; also takes comma-separated integers (``"0, 5, 9"``).
+    `InvalidInputError` for text that is neither."""
     source = str(text).strip()
     try:
         values = json.loads(source if source.startswith("[") else f"[{source}]")
@@ -218,3 +223,7 @@ def parse_indices(text: str) -> list[int]:
     if not isinstance(values, list):
         raise InvalidInputError(f"keyframe indices must be a list of integers, got {source[:80]!r}")
     return values
+
+
+__all__ = ["MODES", "KeyframeSelection", "check_indices", "every_n_indices", "format_indices", "frame_count",
+           "frame_float", "gather_keyframes", "parse_indices", "scene_scores", "select_keyframes"]

@@ -14,12 +14,10 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def check_latents(latents: object, *, name: str, layout: str, channels: int, channel_dim: int = 1,
                   model_device: torch.device | None = None) -> torch.Tensor:
-    """Validate a latent tensor and return it.
-
-    `layout` names the axes, e.g. ``"[B, C, T, h, w]"``; its number of axes is the required rank.
-    Latents may live on the CPU or on the model's device (the adapters move one clip at a time);
-    any other device is refused, as are the meta device, non-floating dtypes, empty axes and
-    NaN/inf values (the first bad index is named).
+    """Return `latents` unchanged once it is a floating torch tensor with the axes of `layout` (e.g. ``"[B,
+    C, T, h, w]"``; its number of axes is the required rank), `channels` on `channel_dim`, no empty axis,
+    on the CPU or `model_device`, and finite. Anything else raises `InvalidInputError` starting with
+    `name`.
     """
     if not isinstance(latents, torch.Tensor):
         raise InvalidInputError(f"{name} must be a torch.Tensor {layout}, got {type(latents).__name__}")
@@ -50,3 +48,6 @@ def check_latents(latents: object, *, name: str, layout: str, channels: int, cha
         first = tuple(int(i) for i in (~finite).nonzero()[0])
         raise InvalidInputError(f"{name} contain {bad} NaN/inf value(s), the first at index {first}")
     return latents
+
+
+__all__ = ["check_latents"]

@@ -78,7 +78,8 @@ def _keys_for(path: Path, names: set[str]) -> tuple[str, str | None, str]:
 
 
 def read_latent_file(path: str | os.PathLike, limits: SafetensorsLimits = LATENT_LIMITS) -> LatentFile:
-    """Validate the header of `path` (sizes, dtypes, ranks), then load only the latent tensors as float32.
+    """The `LatentFile` at `path`: its header validated against `limits` (sizes, dtypes, ranks), then only the
+    latent tensors loaded, as float32.
 
     Raises `InvalidInputError` naming the file and the problem. Values (NaN/inf, channel counts, sizes
     the VAE can decode) are checked afterwards by the decoder adapter, still before any decoding.
@@ -103,7 +104,8 @@ def read_latent_file(path: str | os.PathLike, limits: SafetensorsLimits = LATENT
 
 
 def write_latent_file(path: str | os.PathLike, video: torch.Tensor, audio: torch.Tensor | None = None) -> Path:
-    """Write latents as an H3 Director ``.safetensors`` that `read_latent_file` (and `h3director decode`) reads.
+    """Write latents as an H3 Director ``.safetensors`` that `read_latent_file` (and `h3director decode`)
+    reads. `InvalidInputError` for a `path` that does not end in ``.safetensors``.
 
     `video` `[B, C, T, h, w]` goes under ``latents``, `audio` (either layout of the module docstring) under
     ``audio_latents``, both as they are (dtype kept, moved to the host). Atomic: the file appears under
@@ -122,3 +124,6 @@ def write_latent_file(path: str | os.PathLike, video: torch.Tensor, audio: torch
     with atomic_path(path) as temporary:
         save_file(tensors, str(temporary), metadata={"writer": "h3director"})
     return path
+
+
+__all__ = ["LatentFile", "read_latent_file", "write_latent_file"]

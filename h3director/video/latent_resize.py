@@ -45,3 +45,6 @@ def resize_video_latent(video: torch.Tensor, latent_frames: int, latent_height: 
         planes = F.interpolate(planes, size=(latent_height, latent_width), mode="bilinear", align_corners=False)
         out = planes.reshape(batch, latent_frames, channels, latent_height, latent_width).permute(0, 2, 1, 3, 4)
     return out.contiguous()
+
+
+__all__ = ["resize_video_latent"]

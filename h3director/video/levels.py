@@ -89,7 +89,11 @@ def decode_for_level(adapter: VideoDecoderAdapter, latents: torch.Tensor, sink: 
 
 
 def describe_buffers(report: DecodeReport) -> str:
-    """One line on the streaming decode's buffers: pool leases, fallbacks, collections."""
+    """One line on the streaming decode's buffers: pool leases, fallbacks, collections and what they reclaimed."""
     counts = report.buffers
     return (f"streaming decode: {counts.pool_leases} pool lease(s), {counts.pool_fallbacks} pool fallback(s), "
-            f"{counts.unpooled} plain allocation(s), {counts.collections} collection(s) between clips")
+            f"{counts.unpooled} plain allocation(s), {counts.collections} collection(s) between clips "
+            f"(reclaimed {counts.reclaimed_leases} lease(s), {counts.reclaimed_bytes} bytes)")
+
+
+__all__ = ["REFERENCE_NOTE", "decode_for_level", "describe_buffers"]

@@ -75,3 +75,6 @@ def warp(image: np.ndarray, field: np.ndarray) -> np.ndarray:
 def mean_magnitude(field: np.ndarray) -> float:
     """Mean length of the flow vectors, in pixels."""
     return float(np.mean(np.hypot(field[..., 0], field[..., 1])))
+
+
+__all__ = ["flow", "gray_u8", "mean_magnitude", "opencv", "resize_flow", "warp"]

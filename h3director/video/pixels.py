@@ -55,3 +55,6 @@ def uint8_pixels(frames: torch.Tensor, spec: StreamSpec, *, out: np.ndarray | No
 
     return pack_frames(frames.detach(), layout="CFHW", mean=spec.pixel_mean, std=spec.pixel_std,
                        threads=threads, out=out)
+
+
+__all__ = ["float_pixels", "uint8_pixels"]

@@ -60,7 +60,9 @@ def _setting_for_device(device: torch.device) -> str:
 def preflight(adapter: VideoDecoderAdapter, latents_shape: tuple[int, ...], spec: StreamSpec,
               sink: FrameSink, execution: ClipExecution, budget: DecodeBudget,
               *, tiles_per_call_given: bool) -> PreflightResult:
-    """Check that one clip and the sink fit `budget`; return the execution to start with.
+    """The `PreflightResult` for decoding `latents_shape` into `sink` with `adapter`: bytes per clip and for
+    the sink, and the execution to start with, checked against `budget` (bytes) before any work. A request
+    that cannot fit raises `BudgetError` naming the setting that would make it fit.
 
     When `tiles_per_call` was not given and the reference path does not fit but the streamed
     one-tile-per-call path does, that one is chosen (same output, less memory). Otherwise a
@@ -105,3 +107,6 @@ def preflight(adapter: VideoDecoderAdapter, latents_shape: tuple[int, ...], spec
             f"memory_safety.max_host_memory_mb: {-(-sink_bytes // MiB)} or more"
         )
     return PreflightResult(clip_bytes=clip_bytes, sink_bytes=sink_bytes, execution=execution, budget=budget)
+
+
+__all__ = ["DecodeBudget", "PreflightResult", "preflight", "resolve_budget"]

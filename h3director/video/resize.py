@@ -61,6 +61,7 @@ def import_pil():
 
 
 def pillow_version() -> str:
+    """The installed Pillow's version string (Pillow does the resampling; raises ImportError without it)."""
     import PIL
 
     return PIL.__version__
@@ -79,3 +80,6 @@ def resize_frame(frame: torch.Tensor, size: tuple[int, int], resample: str) -> t
         image = image_module.fromarray(np.ascontiguousarray(plane))  # float32 2-D: mode "F"
         out[channel] = np.asarray(image.resize((width, height), method), dtype=np.float32)
     return torch.from_numpy(out).clamp_(0, 1)
+
+
+__all__ = ["FILTERS", "check_filter", "parse_size", "pillow_version", "resize_frame"]

@@ -24,10 +24,8 @@ from typing import Any
 
 import torch
 
-from h3director.core.host_heap import pin_mmap_threshold
 from h3director.errors import H3DirectorError, InvalidInputError
 from h3director.geometry import ClipStep, DecodeSchedule
-from h3director.units import MiB
 from h3director.video.clip_buffers import CARRIED, CLIP, BufferCounts, ClipBuffers
 from h3director.video.crossfade import crossfade_parts
 from h3director.video.decoder import ClipExecution, DecodeSession, VideoDecoderAdapter
@@ -234,8 +232,9 @@ def stream_decode(adapter: VideoDecoderAdapter, latents: torch.Tensor, sink: Fra
     device's working set (default: `memory_safety` from `h3_config.yaml`). `tiles_per_call`: see
     `ClipExecution` (None: the reference path, or the streamed one when only that fits the budget).
     `tiles_per_call` None and `oom_retry` None take `video_decode.tiles_per_call` / `.oom_retry` from
-    `config` (an `H3Config`; default `load_config()`), which also supplies `memory_safety` and
-    `video_decode.host_mmap_threshold_mb` (pinned process-wide, see `h3director.core.host_heap`).
+    `config` (an `H3Config`; default `load_config()`), which also supplies `memory_safety`. Process-wide
+    settings are left alone: the director's CLI pins glibc's mmap threshold in its own process
+    (`h3director.core.host_heap.pin_decode_threshold`) before calling this.
     `fault_injector` is called at each `FaultPoint` of each clip attempt (tests use `OomOnClip`).
     `buffers` serves the per-clip buffers; None builds them from `config`'s memory level
     (`clip_buffers_for`: the process-wide slot pool at level >= 1, collections between clips at >= 2).
@@ -253,8 +252,6 @@ def stream_decode(adapter: VideoDecoderAdapter, latents: torch.Tensor, sink: Fra
         oom_retry = config.video_decode.oom_retry
     if tiles_per_call is not None and (isinstance(tiles_per_call, bool) or int(tiles_per_call) < 1):
         raise InvalidInputError(f"tiles_per_call must be None or an integer >= 1, got {tiles_per_call!r}")
-    if config.video_decode.host_mmap_threshold_mb is not None:
-        pin_mmap_threshold(config.video_decode.host_mmap_threshold_mb * MiB)
     schedule = adapter.schedule(latents.shape[2])
     spec = _stream_spec(adapter, latents, schedule)
     budget = resolve_budget(budget_bytes, adapter.device, config.memory_safety)
@@ -291,3 +288,7 @@ def stream_decode(adapter: VideoDecoderAdapter, latents: torch.Tensor, sink: Fra
     if track_peak:
         report.peak_bytes = torch.cuda.max_memory_allocated(device) - base
     return report
+
+
+__all__ = ["AudioJob", "ClipRetry", "DecodeOutOfMemory", "DecodeReport", "ProgressCallback",
+           "check_decode_inputs", "stream_decode", "write_audio_job"]

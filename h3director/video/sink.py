@@ -94,3 +94,6 @@ class FrameSink(ABC):
         The base sink holds nothing, so there is nothing to drop.
         """
         return None
+
+
+__all__ = ["FrameSink", "StreamSpec"]

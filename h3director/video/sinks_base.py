@@ -115,3 +115,6 @@ class BufferSink(OrderedSink):
 
     def abort(self) -> None:
         self._out = None
+
+
+__all__ = ["LONGEST_RUN_FRAMES", "BufferSink", "OrderedSink", "require_single_video"]

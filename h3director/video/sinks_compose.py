@@ -123,3 +123,6 @@ class DigestSink(OrderedSink):
 
     def abort(self) -> None:
         self.raw_digests, self.uint8_digests, self.audio = [], [], None
+
+
+__all__ = ["DigestSink", "TeeSink", "frame_digests"]

@@ -195,3 +195,6 @@ class MemmapSink(OrderedSink):
         if not self.resume:
             remove_quietly(self.partial_path, self.progress_path)
         remove_quietly(temporary_path(self.path, "progress.json.tmp"))
+
+
+__all__ = ["MemmapSink"]

@@ -72,3 +72,6 @@ class Uint8FrameSink(BufferSink):
         for item in range(spec.batch):
             first = item * spec.frames + start
             uint8_pixels(frames[item], spec, out=self._out[first:first + count], threads=self.threads)
+
+
+__all__ = ["TensorSink", "Uint8FrameSink"]

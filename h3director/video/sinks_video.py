@@ -205,3 +205,6 @@ class VideoFileSink(OrderedSink):
             except Exception:  # noqa: BLE001 - the partial file is deleted next; a close error changes nothing
                 pass
         remove_quietly(self.temp_path)
+
+
+__all__ = ["CONTAINER_FORMATS", "VideoFileSink"]

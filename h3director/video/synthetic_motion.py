@@ -63,3 +63,6 @@ class MovingScenes:
     def clip(self, detail: bool = False) -> np.ndarray:
         """All frames `[F, H, W, 3]` float32 (for small test clips; benchmarks render frame by frame)."""
         return np.stack([self.render(t, detail) for t in range(self.frames)])
+
+
+__all__ = ["MovingScenes"]

@@ -267,6 +267,7 @@ class UpscaleReport:
 
 def resolve_overlap(model: UpscaleModel, overlap: int | str, tile: int = 512) -> tuple[int, str, bool]:
     """``(overlap px, where it came from, exact)`` for `overlap` "auto" or a number of input pixels.
+    `InvalidInputError` for anything but "auto" or a number >= 0.
 
     "auto" for a convolutional model: its receptive field when known (derived), else measured with `measure_field`
     plus margin; for any other model (no overlap makes it exact) a feathering band of ``tile // 8``. A model is exact
@@ -476,8 +477,9 @@ def job_key(model: UpscaleModel, source: FrameSource, tile: int, overlap: int, e
 
 def prepare(model: UpscaleModel, source: FrameSource, tile: int, overlap: int | str,
             recipe: Recipe | None = None) -> tuple[int, str, bool]:
-    """Check the model and tiling against the source (after `recipe.pre_resize`, the size the model sees) before
-    anything is written: ``(overlap, source, exact)``."""
+    """Check the model and tiling against the source (after `recipe.pre_resize`, the size the model sees)
+    before anything is written: ``(overlap, source, exact)``. `InvalidInputError` for a model scale that is
+    not an integer >= 1, a `tile` < 1, a bad `overlap`, or a tile too small for its overlap."""
     if model.scale < 1:
         raise InvalidInputError(f"{model.name}: scale must be an integer >= 1, got {model.scale}")
     if tile < 1:
@@ -499,7 +501,9 @@ def stream_upscale(model: UpscaleModel, source: FrameSource, sink: FrameSink, *,
                    audio: tuple[torch.Tensor, int] | None = None, crop: bool = True,
                    on_frame: Callable[[int, int], None] | None = None, keep_first: bool = False,
                    recipe: Recipe | None = None) -> UpscaleReport:
-    """Upscale every frame of `source` into `sink`; return an `UpscaleReport` (`result`: what `sink.finish()` gave).
+    """Upscale every frame of `source` into `sink`; return an `UpscaleReport` (`result`: what `sink.finish()`
+    gave). `InvalidInputError` for `audio` given to a sink that does not take it, and for a source whose
+    frames differ from what it announced.
 
     `tile`: largest tile side in input pixels (of the frame the model sees); `overlap`: "auto" or input pixels of
     context each side; `audio`: a waveform ``([1, channels, samples] float, sample rate)`` for a sink that takes
@@ -588,3 +592,7 @@ def stream_upscale(model: UpscaleModel, source: FrameSource, sink: FrameSink, *,
     report.peak_host_bytes = clock.peak_host_bytes()
     report.seconds = time.perf_counter() - started
     return report
+
+
+__all__ = ["BatchCut", "Halving", "OomOnTile", "Recipe", "TilePoint", "TiledUpscaler", "UpscaleModel",
+           "UpscaleReport", "check_dtype_runs", "job_key", "prepare", "resolve_overlap", "stream_upscale"]

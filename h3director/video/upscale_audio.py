@@ -88,3 +88,6 @@ class AudioCopyVideoSink(VideoFileSink):
     def abort(self) -> None:
         self._close_source()
         super().abort()
+
+
+__all__ = ["AudioCopyVideoSink"]

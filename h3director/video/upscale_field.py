@@ -59,8 +59,9 @@ def _conv_reach(module: nn.Conv2d) -> float:
 
 def derive_field(module: nn.Module, *, channels: int = 3, probe_size: int = 32,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> FieldInfo:
-    """Derive the receptive field of `module` from its leaf layers (see the module doc). `probe_size` is the side
-    of the zero input used to read each layer's scale; it should be a multiple of the model's size requirement."""
+    """Derive the receptive field of `module` from its leaf layers (see the module doc). `probe_size` is
+    the side of the zero input used to read each layer's scale; it should be a multiple of the model's size
+    requirement. Returns the `FieldInfo` (radius None when a layer's field is not known)."""
     if device is None or dtype is None:
         first = next(module.parameters(), None)
         device = device or (first.device if first is not None else "cpu")
@@ -144,3 +145,6 @@ def round_to(value: int, multiple: int) -> int:
 def auto_overlap(measured: int, alignment: int = 1) -> int:
     """Overlap for a measured (lower-bound) radius: 25% + 2 px margin, rounded up to `alignment`."""
     return round_to(math.ceil(measured * 1.25) + 2, alignment)
+
+
+__all__ = ["FieldInfo", "auto_overlap", "derive_field", "measure_field"]

@@ -70,7 +70,9 @@ class ArraySource(FrameSource):
 
 
 def npy_source(path: str | os.PathLike, *, fps: float = DEFAULT_FPS) -> ArraySource:
-    """A `.npy` file of uint8 frames ``[F, H, W, 3]``, memory-mapped (float32 in [0, 1] is also taken)."""
+    """A `.npy` file of uint8 frames ``[F, H, W, 3]``, memory-mapped (float32 in [0, 1] is also taken).
+    `fps`: the frame rate to report (frames per second). `InvalidInputError` for a missing or unreadable
+    file, or another dtype."""
     source = Path(path)
     if not source.is_file():
         raise InvalidInputError(f"{source}: no such file")
@@ -127,3 +129,6 @@ def open_source(path: str | os.PathLike, *, fps: float | None = None) -> FrameSo
     if fps:
         source.fps = float(fps)
     return source
+
+
+__all__ = ["ArraySource", "FrameSource", "VideoFileSource", "npy_source", "open_source"]

@@ -41,6 +41,7 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 def dtype_name(dtype: torch.dtype) -> str:
+    """The `DTYPES` name ("fp32", "fp16", "bf16") of a torch dtype; other dtypes by their torch name."""
     return next((key for key, value in DTYPES.items() if value == dtype), str(dtype).replace("torch.", ""))
 
 
@@ -131,3 +132,6 @@ class StageClock:
 
     def report(self) -> list[StageStats]:
         return list(self.stages.values())
+
+
+__all__ = ["DTYPES", "StageClock", "StageStats", "dtype_name", "dtype_refusal", "parse_dtype"]

@@ -136,3 +136,6 @@ def feather_weights(tile: Tile, height: int, width: int, overlap: int, scale: in
         return weight.clamp_(min=1e-6)
 
     return ramp(r0, r1, a0, a1, height)[:, None] * ramp(c0, c1, b0, b1, width)[None, :]
+
+
+__all__ = ["Tile", "feather_weights", "plan_tiles", "round_up", "split_tile"]

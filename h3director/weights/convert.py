@@ -87,6 +87,10 @@ class TensorPlan:
 
 @dataclass
 class ConversionPlan:
+    """What `plan_conversion` decided for a `target` type, before any tensor is read: one `TensorPlan` per
+    tensor written, the `dropped` tensors of other components (name -> bytes), and the DiT's `key_style` and
+    `curve_form` as `h3_keys.detect_h3` found them."""
+
     target: str
     tensors: list[TensorPlan] = field(default_factory=list)
     dropped: dict[str, int] = field(default_factory=dict)  # name -> bytes (other components)
@@ -102,7 +106,9 @@ def _nbytes(qtype_name: str, shape: tuple[int, ...]) -> int:
 
 
 def plan_conversion(source: SafetensorsWeights, target: str) -> ConversionPlan:
-    """Decide each tensor's output from the validated header (no tensor data read)."""
+    """The `ConversionPlan` for writing `source` as a GGUF of `target` type (one of `TYPES`, checked by
+    `convert`): each tensor's output name, type and bytes, decided from the validated header alone (no
+    tensor data read). `InvalidInputError` for a source that is not an H3 DiT the GGUF loaders take."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     where = repr(str(source.path))
@@ -178,7 +184,10 @@ def _encode(tensor, item: TensorPlan) -> np.ndarray:
 
 def convert(in_path: str | os.PathLike, out_path: str | os.PathLike, target: str,
             progress: Callable[[int, int, TensorPlan], None] | None = None) -> ConversionPlan:
-    """Convert the safetensors H3 DiT at `in_path` into a GGUF of `target` type at `out_path`.
+    """Convert the safetensors H3 DiT at `in_path` into a GGUF of `target` type (one of `TYPES`) at
+    `out_path`; returns the `ConversionPlan` followed. `progress(done, total, tensor_plan)` is called after
+    each tensor. `InvalidInputError` for an unknown `target`, or an input that is not a convertible H3 DiT,
+    before anything is written.
 
     Streams: the tensor table is written first from the plan, then each tensor is loaded, encoded and
     appended before the next is read. The output appears under its final name only when complete.
@@ -221,3 +230,6 @@ def convert(in_path: str | os.PathLike, out_path: str | os.PathLike, target: str
             writer.close()
     return plan
 
+
+__all__ = ["MIXES", "TYPES", "ConversionPlan", "TensorPlan", "convert", "mix_type", "plan_conversion",
+           "use_more_bits"]

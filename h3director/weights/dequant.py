@@ -137,3 +137,6 @@ def _as_torch(array: np.ndarray) -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "The given NumPy array is not writable"
         return torch.from_numpy(array)
+
+
+__all__ = ["FLOATS", "QUANTISED", "SUPPORTED_QTYPES", "dequantize_tensor"]

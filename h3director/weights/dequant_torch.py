@@ -130,3 +130,6 @@ def dequantize_blocks(raw: torch.Tensor, qtype_name: str, dtype: torch.dtype = t
         values = kernel(chunk).reshape(-1)
         flat[start * block_values:start * block_values + values.numel()].copy_(values)
     return out
+
+
+__all__ = ["BLOCKS", "CHUNK_BLOCKS", "dequantize_blocks"]

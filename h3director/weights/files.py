@@ -72,6 +72,9 @@ class WeightFile:
 
 
 class SafetensorsWeights(WeightFile):
+    """A `.safetensors` file with a checked header (`read_header` with `WEIGHT_LIMITS`): `entries` in file
+    order with dtype codes and bytes; `load` reads one tensor; `raw_chunks` yields its stored bytes."""
+
     kind = "safetensors"
 
     def __init__(self, path: Path) -> None:
@@ -114,6 +117,10 @@ class SafetensorsWeights(WeightFile):
 
 
 class GGUFWeights(WeightFile):
+    """A validated `.gguf` file (`gguf_file.open_gguf`): `entries` with GGML type names and bytes; `load`
+    dequantises one tensor (to `dtype`; by default float tensors as stored, quantised ones to float32);
+    `raw_chunks` yields its stored bytes."""
+
     kind = "gguf"
 
     def __init__(self, path: Path) -> None:
@@ -173,7 +180,8 @@ def _reference_dequant(info: Any) -> Any:
 
 
 def open_weights(path: str | os.PathLike) -> WeightFile:
-    """Open a `.safetensors` or `.gguf` file (by its first bytes, then its suffix), validated."""
+    """The validated `WeightFile` for `path`: `GGUFWeights` or `SafetensorsWeights`, chosen by its first
+    bytes, then its suffix. `InvalidInputError` for a missing file, a bad magic, or neither format."""
     path = Path(path)
     if not path.is_file():
         raise InvalidInputError(f"{str(path)!r} is not a file")
@@ -186,3 +194,6 @@ def open_weights(path: str | os.PathLike) -> WeightFile:
     if len(head) == 8 and struct.unpack("<Q", head)[0] > 0 or path.suffix.lower() == ".safetensors":
         return SafetensorsWeights(path)
     raise InvalidInputError(f"{str(path)!r}: neither a GGUF nor a safetensors file")
+
+
+__all__ = ["SAFETENSORS_TORCH", "Entry", "GGUFWeights", "SafetensorsWeights", "WeightFile", "open_weights"]

@@ -386,3 +386,6 @@ def _cross_check(path: Path, header: _Header, reader: Any) -> None:
         if (theirs.name != ours.name or int(theirs.data_offset) != header.data_offset + ours.offset
                 or int(theirs.tensor_type) != int(ours.qtype)):
             raise InvalidInputError(f"{str(path)!r}: gguf and the validator disagree about tensor {ours.name!r}")
+
+
+__all__ = ["GGUFFile", "GGUFTensorInfo", "open_gguf"]

@@ -197,3 +197,7 @@ def loader_key_problem(dit_names: Iterable[str], found: H3Detection) -> str | No
     return (f"ComfyUI-keyed H3 DiT whose tensors are not those of ComfyUI's MiniMaxH3Model: {'; '.join(parts)}; "
             f"{LOADERS} expect exactly its tensors (per block: {', '.join(COMFY_BLOCK_KEYS[:4])}, ...), "
             "so neither would load the file")
+
+
+__all__ = ["COMPONENTS", "COMPONENT_PREFIXES", "LOADERS", "H3Detection", "comfy_dit_keys", "detect_h3",
+           "is_high_precision", "loader_key_problem", "split_components"]

@@ -71,3 +71,6 @@ def summarise(path: str | os.PathLike) -> dict[str, Any]:
                 "block_bytes": sum(blocks.values()), "outside_blocks_bytes": outside, "reason": found.reason,
             }
     return summary
+
+
+__all__ = ["summarise"]

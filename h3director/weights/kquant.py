@@ -157,8 +157,10 @@ ENCODERS = {"Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k, "Q6_K": quantize_q6_k}
 
 def quantize(values: np.ndarray, qtype_name: str) -> np.ndarray:
     """Encode float32 `values` (..., k), k a multiple of 256, as `qtype_name` (one of `ENCODERS`): uint8
-    (..., k / 256 * block bytes). Works through `CHUNK_BLOCKS` blocks at a time, so the encoder's temporaries
-    stay a few times 16 MiB whatever the tensor's size (the output is the only full-size allocation)."""
+    (..., k / 256 * block bytes). Works through `CHUNK_BLOCKS` blocks at a time, so the encoder's
+    temporaries stay a few times 16 MiB whatever the tensor's size (the output is the only full-size
+    allocation). `InvalidInputError` for a type without an encoder here, or rows that do not hold whole
+    256-value blocks."""
     if qtype_name not in ENCODERS:
         raise InvalidInputError(f"no encoder for {qtype_name}; this module writes {', '.join(ENCODERS)}")
     values = np.asarray(values, dtype=np.float32)
@@ -169,3 +171,6 @@ def quantize(values: np.ndarray, qtype_name: str) -> np.ndarray:
     for start in range(0, blocks.shape[0], CHUNK_BLOCKS):
         out[start:start + CHUNK_BLOCKS] = ENCODERS[qtype_name](blocks[start:start + CHUNK_BLOCKS])
     return out.reshape(*values.shape[:-1], -1)
+
+
+__all__ = ["BLOCK_BYTES", "CHUNK_BLOCKS", "ENCODERS", "quantize"]

@@ -37,8 +37,10 @@ class SlimResult:
 def slim(in_path: str | os.PathLike, out_path: str | os.PathLike, keep: list[str], dtype: str | None = None,
          strip_prefix: bool = False) -> SlimResult:
     """Write the tensors of the `keep` components of `in_path` to `out_path`, cast to `dtype` ("bf16",
-    "fp16", "fp32" or None = as stored). `strip_prefix`: drop the all-in-one prefix (``model.diffusion_model.``,
-    ``vae.`` ...) from the kept names, for loaders of single-component files."""
+    "fp16", "fp32" or None = as stored). `strip_prefix`: drop the all-in-one prefix
+    (``model.diffusion_model.``, ``vae.`` ...) from the kept names, for loaders of single-component files.
+    `InvalidInputError` for an unknown component or dtype, none of `keep` in the file, or names that would
+    collide once stripped. Returns the `SlimResult`."""
     unknown = [k for k in keep if k not in COMPONENTS]
     if unknown or not keep:
         raise InvalidInputError(f"--keep takes {', '.join(COMPONENTS)}; got {', '.join(unknown) or 'nothing'}")
@@ -116,3 +118,6 @@ def _write_tensor(out, source: SafetensorsWeights, name: str, out_type: str) -> 
 
     tensor = source.load(name, getattr(torch, SAFETENSORS_TORCH[out_type])).contiguous()
     out.write(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+
+
+__all__ = ["SlimResult", "slim"]

@@ -36,6 +36,10 @@ _TORCH = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat1
 
 @dataclass
 class TensorCheck:
+    """One tensor in a `VerifyReport`: `name`, stored `type`, `nbytes` (bytes), the `sha256` of its stored
+    bytes, and with `--against` its `status` ("identical bytes", ..., "MISMATCH: ...") and `max_abs_diff`
+    (None when not compared by value)."""
+
     name: str
     type: str
     nbytes: int
@@ -50,6 +54,10 @@ class TensorCheck:
 
 @dataclass
 class VerifyReport:
+    """`verify`'s result for the file at `path` (`kind` "safetensors" or "gguf"): one `TensorCheck` per
+    tensor and, `against` another file, the names found `only_here` / `only_there`. `ok` is False on any
+    mismatch."""
+
     path: str
     kind: str
     tensors: list[TensorCheck] = field(default_factory=list)
@@ -103,7 +111,9 @@ def pair_names(here, there) -> dict[str, str]:
 
 
 def verify(path: str | os.PathLike, against: str | os.PathLike | None = None) -> VerifyReport:
-    """Validate `path`, hash every tensor, and compare with `against` when given (see the module docstring)."""
+    """The `VerifyReport` of the weight file at `path`: validated, every tensor hashed (SHA-256 of its
+    stored bytes), and compared tensor by tensor with `against` when given (see the module docstring).
+    `InvalidInputError` for a missing or malformed file."""
     with open_weights(path) as source:
         report = VerifyReport(str(path), source.kind, against=None if against is None else str(against))
         other = open_weights(against) if against is not None else None
@@ -194,3 +204,5 @@ def summary_line(report: VerifyReport) -> str:
                  f"{len(bad)} mismatch, {len(report.only_here)} only here, {len(report.only_there)} only there")
     return text
 
+
+__all__ = ["TensorCheck", "VerifyReport", "summary_line", "verify"]

@@ -298,7 +298,9 @@ def run_checks(root: str) -> dict:
     def bad_inputs():
         before = options_snapshot(base)
         cases = {"head_chunks=3": dict(head_chunks=3), "mode": dict(mode="fast"), "budget": dict(budget_bytes=0),
-                 "ffn_chunks=0": dict(ffn_chunks=0)}
+                 "ffn_chunks=0": dict(ffn_chunks=0), "capacity": dict(mode="auto", capacity=object()),
+                 "capacity and budget": dict(mode="auto", capacity=types.SimpleNamespace(choose=print),
+                                             budget_bytes=1 << 30)}
         messages = {}
         for name, kwargs in cases.items():
             try:
@@ -371,6 +373,30 @@ def run_checks(root: str) -> dict:
               and comfy_dit.installed_handle(base) is None)
         return ok, {"text": text, "refused": refused, "unverified": unverified, "report": handle.last_report}
     check("node/installs-reports-and-refuses", node)
+
+    def node_path():
+        # one node execution, followed call by call: each module the node calls into is entered once (the
+        # adapter installs, the handle reports), and nothing calls back into the adapter
+        from h3director.comfy import nodes_dit
+
+        entries = []
+
+        def profile(frame, event, arg):
+            if event == "call" and frame.f_back is not None:
+                callee, caller = frame.f_globals.get("__name__", ""), frame.f_back.f_globals.get("__name__", "")
+                if callee != caller and callee.startswith("h3director.") and caller.startswith("h3director."):
+                    entries.append((caller, callee))
+        sys.setprofile(profile)
+        try:
+            nodes_dit.DiTMemoryNode.execute(base, "auto", 2, 3, 0.0)
+        finally:
+            sys.setprofile(None)
+        from_node = [callee for caller, callee in entries if caller == nodes_dit.__name__]
+        into_adapter = [caller for caller, callee in entries if callee == comfy_dit.__name__]
+        ok = (sorted(from_node) == ["h3director.dit.memory", comfy_dit.__name__]
+              and into_adapter == [nodes_dit.__name__])
+        return ok, {"from the node": from_node, "into the adapter from": into_adapter}
+    check("node/visits-each-module-once", node_path)
 
     def capacity():
         # the real CapacityCheck and planner ledger; the device side is a fixed sample so "have" is known

@@ -19,6 +19,31 @@ import inspect
 import os
 
 
+def mmap_threshold_is_pinned() -> bool | None:
+    """Whether glibc's mmap threshold is a fixed value of at most 2 MiB in this process, read from malloc's
+    behaviour (glibc has no getter); None without glibc.
+
+    It allocates and frees 8 MiB, which under glibc's dynamic threshold raises the threshold to 8 MiB (or
+    finds it there already), then allocates 2 MiB and reads whether glibc served it with mmap: the
+    IS_MMAPPED bit (0x2) of the chunk's size field, the word just before the returned pointer. Dynamic: from
+    the heap (False). Pinned at <= 2 MiB (the director's default is 1 MiB): mmapped (True)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is None or not hasattr(libc, "gnu_get_libc_version"):
+        return None
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.restype, libc.free.argtypes = None, [ctypes.c_void_p]
+    libc.free(libc.malloc(8 << 20))
+    probe = libc.malloc(2 << 20)
+    try:
+        return bool(ctypes.c_size_t.from_address(probe - ctypes.sizeof(ctypes.c_size_t)).value & 0x2)
+    finally:
+        libc.free(probe)
+
+
 def _set_defaults(function, **values) -> None:
     params = list(inspect.signature(function).parameters.values())[1:]
     defaults = list(function.__defaults__)
@@ -131,4 +156,32 @@ class H3TestFailAllocations:
         return (vae,)
 
 
-NODE_CLASS_MAPPINGS = {"H3TestSaveTensor": H3TestSaveTensor, "H3TestFailAllocations": H3TestFailAllocations}
+class H3TestMmapProbe:
+    """Writes `mmap_threshold_is_pinned()` of the server process ("True", "False" or "None") to
+    `tensors/<name>.txt` in the output folder; its IMAGE input only orders it after the node that makes it."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"name": ("STRING", {"default": "mmap"}), "image": ("IMAGE",)}}
+
+    RETURN_TYPES = ()
+    FUNCTION = "probe"
+    OUTPUT_NODE = True
+    CATEGORY = "testing"
+
+    @classmethod
+    def IS_CHANGED(cls, name, image):
+        return float("nan")
+
+    def probe(self, name, image):
+        import folder_paths
+
+        folder = os.path.join(folder_paths.get_output_directory(), "tensors")
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"{name}.txt"), "w") as file:
+            file.write(str(mmap_threshold_is_pinned()))
+        return {}
+
+
+NODE_CLASS_MAPPINGS = {"H3TestSaveTensor": H3TestSaveTensor, "H3TestFailAllocations": H3TestFailAllocations,
+                       "H3TestMmapProbe": H3TestMmapProbe}
