@@ -90,3 +90,13 @@ def write_results(path: str | os.PathLike, bench: str, arguments: dict, data: di
     with atomic_path(target) as temporary:
         Path(temporary).write_text(json.dumps(record, indent=1, default=float) + "\n")
     return target
+
+
+def markdown(found: dict) -> str:
+    """A `table(...)` as the markdown a bench prints (header, rule, rows, then its note), as a generic rendered
+    block shows it without the provenance line."""
+    lines = ["| " + " | ".join(found["columns"]) + " |", "|" + "---|" * len(found["columns"])]
+    lines += ["| " + " | ".join(row) + " |" for row in found["rows"]]
+    if found.get("note"):
+        lines += ["", found["note"]]
+    return "\n".join(lines)

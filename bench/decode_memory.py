@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/decode_memory.py [--frames 22 73 141 209 277] [--size 640x384]
         [--repeats 1] [--threads 2] [--plot docs/img/decode_memory.png] [--json out.json]
+        [--out bench/results/decode_memory.json]
 
 Every measurement runs in a fresh subprocess (one process per measurement). In it the VAE is
 built and warmed up first; then freed heap is returned to the OS, the kernel's peak-RSS mark is
@@ -31,7 +32,8 @@ files are also decoded back (after the measurement): each must hold every frame,
 close to the frames as the stock encode at the same CRF (PSNR within `MP4_PSNR_SLACK_DB`; both are lossy).
 The model is `tiny_h3_vae()`: the real `AutoencoderKLMiniMaxH3` with a small decoder, so compute is
 small and the numbers isolate what grows with video length (the host-side buffers). Prints a
-Markdown table; optionally writes the plot and the raw results as JSON.
+Markdown table and writes the results file (`--out`) docs/BENCHMARKS.md and the README render from; optionally
+writes the plot and the raw results as JSON.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ REPO = Path(__file__).resolve().parents[1]
 MODES = ("stock", "director-uint8", "stock-mp4", "director-mp4")
 MP4_PSNR_SLACK_DB = 1.0  # the director's MP4 may be at most this much further from the frames than the stock MP4
 CRF, PRESET = 23, "medium"  # libx264's defaults, which diffusers' encode_video uses
+SOURCES = ("h3director/video", "h3director/core/host_heap.py", "h3director/integrations/diffusers_h3.py",
+           "h3director/integrations/stock_h3.py", "h3director/native")   # what the numbers measure
 
 
 def _cpu_seconds() -> float:
@@ -172,6 +176,64 @@ def _table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _tables(best: dict, modes: list[str], title: str) -> tuple[dict, dict]:
+    """The results file's tables and figures from the fastest run of each (frames, mode)."""
+    from _results import table
+
+    mib = 1024 ** 2
+    lengths = sorted({frames for frames, _ in best})
+    joined = " / ".join(modes)
+
+    def cells(frames: int, key: str, scale: float, fmt: str) -> str:
+        return " / ".join("-" if (frames, m) not in best else fmt.format(best[(frames, m)][key] / scale) for m in modes)
+
+    rows = []
+    for frames in lengths:
+        stock, director = best.get((frames, "stock")), best.get((frames, "director-mp4"))
+        ratio = f"{stock['peak_bytes'] / max(director['peak_bytes'], 1):.1f}x" if stock and director else "-"
+        rows.append([frames, cells(frames, "peak_bytes", mib, "{:.0f}"), ratio, cells(frames, "wall_s", 1, "{:.1f}"),
+                     cells(frames, "cpu_s", 1, "{:.1f}")])
+    tables = {"decode": table(["frames", f"peak MiB: {joined}", "stock / director-mp4 peak", f"wall s: {joined}",
+                               f"cpu s: {joined}"], rows,
+                              note=f"{title}. Peak = the exact high-water mark of the resident set minus the resident "
+                                   "set just before the decode, one fresh process per point, modes interleaved; "
+                                   "compare times within a row (same run).")}
+    figures = {}
+    encoded = [[frames, mode, best[(frames, mode)]["encoded"]["frames"], f"{best[(frames, mode)]['encoded']['psnr_db']:.1f}",
+                best[(frames, mode)]["encoded"]["max_abs"]]
+               for frames, mode in sorted(best) if best[(frames, mode)].get("encoded")]
+    if encoded:
+        tables["mp4_decoded_back"] = table(
+            ["frames", "mode", "frames in the MP4", "PSNR dB vs the uint8 frames", "largest difference"], encoded,
+            note=f"Each MP4 decoded back with PyAV and compared with the uint8 frames it was encoded from (libx264, "
+                 f"CRF {CRF}, lossy); the run fails if the director's is more than {MP4_PSNR_SLACK_DB} dB below "
+                 "stock's. The uint8 frames of every mode are fingerprinted (SHA-256) and agree.")
+    ends = [f for f in (lengths[0], lengths[-1]) if (f, "director-mp4") in best]
+    if len(lengths) > 1 and len(ends) == 2 and all((f, "stock") in best for f in lengths):
+        first, last = (best[(f, "director-mp4")]["peak_bytes"] / mib for f in ends)
+        peaks = [best[(f, "director-mp4")]["peak_bytes"] / mib for f in lengths]
+        stock_last = best[(lengths[-1], "stock")]["peak_bytes"] / mib
+        figures["director_mp4_flat"] = (f"{min(peaks):.0f}-{max(peaks):.0f} MiB from {lengths[0]} to {lengths[-1]} "
+                                        f"frames, while the stock path grew to {stock_last:.0f} MiB")
+        tables["targets"] = table(["target", "measured", ""], [
+            [f"director-mp4 peak flat in length: {lengths[-1]}-frame / {lengths[0]}-frame <= 1.15",
+             f"{last:.1f} / {first:.1f} MiB = **{last / first:.2f}**", "met" if last / first <= 1.15 else "NOT met"],
+            [f"at {lengths[-1]} frames director-mp4 peak <= 1/5 of stock",
+             f"{last:.1f} / {stock_last:.1f} MiB = **1/{stock_last / last:.1f}**",
+             "met" if last <= stock_last / 5 else "NOT met"],
+            ["director wall time <= 1.10x stock",
+             "director-uint8 / stock: " + ", ".join(f"{best[(f, 'director-uint8')]['wall_s'] / best[(f, 'stock')]['wall_s']:.2f}"
+                                                    for f in lengths if (f, "director-uint8") in best)
+             + "; director-mp4 / stock-mp4: " + ", ".join(
+                 f"{best[(f, 'director-mp4')]['wall_s'] / best[(f, 'stock-mp4')]['wall_s']:.2f}"
+                 for f in lengths if (f, "stock-mp4") in best) + f" ({', '.join(map(str, lengths))} frames)",
+             "met" if all(best[(f, d)]["wall_s"] <= 1.10 * best[(f, s)]["wall_s"] for f in lengths
+                          for d, s in (("director-uint8", "stock"), ("director-mp4", "stock-mp4"))
+                          if (f, d) in best and (f, s) in best) else "NOT met"]],
+            note="Ratios from the same run (the table above).")
+    return tables, figures
+
+
 def _plot(results: list[dict], path: Path, title: str) -> None:
     import matplotlib
 
@@ -218,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="glibc MALLOC_MMAP_THRESHOLD_ for the workers (bytes; -1: glibc's dynamic default)")
     parser.add_argument("--plot", default=None, help="write the PNG plot here")
     parser.add_argument("--json", default=None, help="write all raw results here")
+    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "decode_memory.json"),
+                        help="the results file (default: %(default)s)")
     args = parser.parse_args(argv)
     width, height = map(int, args.size.split("x"))
     if args.malloc_threshold < 0:
@@ -251,8 +315,9 @@ def main(argv: list[str] | None = None) -> int:
 
     table = _table(list(best.values()))
     malloc = "glibc default" if args.malloc_threshold is None else f"MALLOC_MMAP_THRESHOLD_={args.malloc_threshold}"
-    print(f"H3 decode, {width}x{height}, tiny_h3_vae (real AutoencoderKLMiniMaxH3, small decoder), CPU, "
-          f"{args.threads} torch threads, {malloc}, {platform.machine()} {os.cpu_count()} cores, "
+    title = (f"H3 decode, {width}x{height}, tiny_h3_vae (real AutoencoderKLMiniMaxH3, small decoder), CPU, "
+             f"{args.threads} torch threads, {malloc}")
+    print(f"{title}, {platform.machine()} {os.cpu_count()} cores, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; uint8 frames identical in every mode: yes "
           "(the MP4 modes' frames fingerprinted before encoding)")
     for (frames, mode), result in sorted(best.items()):
@@ -266,6 +331,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plot: {args.plot}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
+    sys.path.insert(0, str(REPO / "bench"))
+    from _results import write_results
+
+    tables, figures = _tables(best, list(args.modes), title)
+    write_results(args.out, "decode_memory", {k: v for k, v in vars(args).items() if k not in ("json", "out")},
+                  {"tables": tables, "figures": figures, "results": results}, sources=SOURCES)
+    print(f"results: {args.out}")
     return 0
 
 

@@ -237,6 +237,8 @@ def main(argv=None) -> int:
     parser.add_argument("--diffusers-grad-mode", choices=["no_grad", "inference_mode"], default="no_grad",
                         help="grad mode of the diffusers block (default: no_grad, as its pipelines call it)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "dit_memory.json",
+                        help="the results file the documents render (default: %(default)s)")
     parser.add_argument("--table-from", type=Path, nargs="+", help="reprint the table of earlier --json runs, "
                         "with the ledger recomputed by the current planner")
     parser.add_argument("--memory-only", action="store_true", help="with --table-from: leave the time columns out")
@@ -262,7 +264,55 @@ def main(argv=None) -> int:
     print(table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
+    sys.path.insert(0, str(REPO / "bench"))
+    from _results import write_results
+
+    tables, figures = results_tables(results, args)
+    write_results(args.out, "dit_memory", {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                                           if k not in ("json", "out", "table_from", "memory_only")},
+                  {"tables": tables, "figures": figures, "results": results},
+                  sources=("h3director/dit", "h3director/integrations/diffusers_dit.py",
+                           "h3director/integrations/comfy_dit.py", "h3director/plan/activations.py",
+                           "h3director/plan/live_bytes.py"))
+    print(f"results: {args.out}")
     return 0 if all(r["equal"] for r in results) else 1
+
+
+def results_tables(results: list[dict], args) -> tuple[dict, dict]:
+    """The results file's tables (every measurement; one framework beside the other at the largest row count)
+    and figures (the ledger's largest error, the tiers' time range against stock)."""
+    from _results import table as results_table
+
+    lines = table(results).splitlines()
+    cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+    columns = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    grad = {"comfy": "inference_mode", "diffusers": args.diffusers_grad_mode}
+    tables = {"tiers": results_table(columns, cells, note=(
+        f"One block at the released width, bf16, CPU, {args.threads} threads; peak = LiveBytesTracker's exact peak of "
+        "tensor storage made inside the block call; x stock = the tier's peak (or wall time, fastest of "
+        f"{args.repeats}) over the stock block's, same run; ledger error = ledger / peak - 1; grad modes: "
+        + ", ".join(f"{f} {grad[f]}" for f in args.framework) + "."))}
+    largest = max(args.rows)
+    stock = {r["framework"]: r for r in results if r["rows"] == largest and r["tier"] == "stock"}
+    frameworks = [f for f in ("comfy", "diffusers") if f in stock]
+    side = []
+    for tier in args.tiers:
+        row = [next(r["describe"] for r in results if r["tier"] == tier)]
+        for f in frameworks:
+            r = next(r for r in results if (r["framework"], r["rows"], r["tier"]) == (f, largest, tier))
+            mib = f"{r['peak_bytes'] / 2**20:,.0f} MiB"
+            row.append(mib if tier == "stock" else f"{mib} ({r['peak_bytes'] / stock[f]['peak_bytes']:.2f}x)")
+        side.append(row)
+    names = {"comfy": "ComfyUI (inference mode)", "diffusers": f"diffusers ({args.diffusers_grad_mode})"}
+    tables["side_by_side"] = results_table([f"one block, {largest:,} rows, bf16"] + [names[f] for f in frameworks],
+                                           side, note="x = the tier's peak over the stock block's, same run.")
+    errors = [abs(r["ledger_bytes"] / r["peak_bytes"] - 1) for r in results]
+    walls = [r["wall_s"] / next(s["wall_s"] for s in results if (s["framework"], s["rows"], s["tier"]) ==
+                                (r["framework"], r["rows"], "stock")) for r in results if r["tier"] != "stock"]
+    figures = {"ledger_max_error": f"{max(errors):.1%}",
+               "wall_range": f"{min(walls):.2f}x-{max(walls):.2f}x",
+               "all_equal": "yes" if all(r["equal"] for r in results) else "NO"}
+    return tables, figures
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ For each row count, dtype and thread count it compares, with `torch.equal`:
   real ones: oneDNN picks kernels by the whole shape (bf16 at 256 columns differs where the real width
   does not), so only `h3director verify-kernels` at the real widths and row counts decides.
 
-Prints one JSON line per case and a table. Run it once per Python (torch version) you want covered:
+Prints one JSON line per case and a table, and writes the results file (`--out`, default
+bench/results/ffn_row_chunk_exactness.json) docs/BENCHMARKS.md renders. Run it once per Python (torch version)
+you want covered (the results file holds the last run):
 
     PYTHONPATH=$PWD .venv/bin/python bench/ffn_row_chunk_exactness.py
     PYTHONPATH=$PWD .comfy/venv/bin/python bench/ffn_row_chunk_exactness.py
@@ -22,9 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _results import table as results_table
+from _results import write_results
 
 from h3director.dit.ranges import row_ranges
 from h3director.dit.thread_split import rows_to_redo
@@ -103,6 +108,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--chunks", type=int, nargs="+", default=[2, 3, 7, 8])
     parser.add_argument("--gemm-cols", type=int, default=1024, help="0: SwiGLU only")
+    parser.add_argument("--out", type=Path,
+                        default=Path(__file__).resolve().parent / "results" / "ffn_row_chunk_exactness.json")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, capability {torch.backends.cpu.get_cpu_capability()}", flush=True)
     table = []
@@ -123,6 +130,35 @@ def main() -> None:
         worst = max(i["max_abs_diff"] for i in items)
         print(f"| {version} | {rows:,} | {dtype} | {threads} | {op} | {', '.join(bad) or 'none'} "
               f"(of {len(items)}) | {worst:.3g} |")
+    write_results(args.out, "ffn_row_chunk_exactness", {k: v for k, v in vars(args).items() if k != "out"},
+                  {"tables": {"swiglu": summary(table, args)}, "results": table},
+                  sources=("h3director/dit/ranges.py", "h3director/dit/thread_split.py"))
+    print(f"results: {args.out}")
+
+
+def summary(results: list[dict], args) -> dict:
+    """One row per (dtype, threads) and op: which chunk counts differ at each row count, and the largest
+    difference."""
+    cells = []
+    for dtype in args.dtypes:
+        for threads in args.threads:
+            for op in ("swiglu naive", "swiglu redo"):
+                per_rows, worst = [], 0.0
+                for rows in args.rows:
+                    items = [r for r in results if (r["rows"], r["dtype"], r["threads"], r["op"]) ==
+                             (rows, dtype, threads, op)]
+                    bad = [str(i["chunks"]) for i in items if not i["equal"]]
+                    per_rows.append("none" if not bad else "all" if len(bad) == len(items) else ", ".join(bad))
+                    worst = max([worst] + [i["max_abs_diff"] for i in items])
+                cells.append([dtype, threads, "plain" if op == "swiglu naive" else "recompute",
+                              " / ".join(per_rows), "0" if worst == 0 else f"{worst:.3g}"])
+    return results_table(
+        ["dtype", "threads", "SwiGLU per row chunk",
+         f"chunk counts differing at {' / '.join(f'{r:,}' for r in args.rows)} rows", "max abs diff"], cells,
+        note=f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}; chunk counts "
+             f"{', '.join(map(str, args.chunks))}; `torch.equal` against one SwiGLU call over all rows (real FFN "
+             "width, random fc1 outputs). plain: one call per chunk; recompute: what the adapters run "
+             "(`rows_to_redo`: rows whose CPU thread cuts differ recomputed per stock segment).")
 
 
 if __name__ == "__main__":

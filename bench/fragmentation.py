@@ -53,6 +53,7 @@ import platform
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -249,6 +250,77 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+SWEEP = (  # (configuration, arguments): the set docs/BENCHMARKS.md shows, one results file
+    ("default", {}),
+    ("--headroom 1.1", {"headroom": 1.1}),
+    ("--slot-mib 4 --headroom 1.1", {"slot_mib": 4.0, "headroom": 1.1}),
+    ("--frames 362", {"frames": 362}),
+    ("--no-hints", {"no_hints": True}),
+    ("--slot-mib 1", {"slot_mib": 1.0}),
+)
+
+
+def replay(width: int, height: int, frames: int, layers: int, slot_mib: float, headroom: float,
+           no_hints: bool) -> dict:
+    """Replay the trace of one configuration through both allocators: {"events", "peak", "capacity", "slot_bytes",
+    "results": [SlotPool, first fit] `ReplayResult`s, "rows": one summary dict per allocator, "where": SlotPool's
+    fragmentation at the events where first fit exceeds 30%}."""
+    events = h3_decode_upscale_trace(width, height, frames, layers=layers)
+    if no_hints:
+        events = [Event(e.op, e.key, e.nbytes, YOUNG, e.label) for e in events]
+    peak = peak_live_bytes(events)
+    capacity = math.ceil(peak * headroom / (64 * MiB)) * 64 * MiB
+    slot_bytes = int(slot_mib * MiB) // 64 * 64
+    results = [replay_slot_pool(events, capacity, slot_bytes), replay_first_fit(events, capacity)]
+    base_cost = sum(results[1].alloc_ns) / len(results[1].alloc_ns)
+    rows = []
+    for result, grain in zip(results, (format_size(slot_bytes) + " slots", "512 B"), strict=True):
+        frag = result.fragmentation
+        rows.append({"allocator": result.name, "granularity": grain, "mean": sum(frag) / len(frag),
+                     "p95": _percentile(frag, 0.95), "max": max(frag), "failed": result.failed,
+                     "allocations": result.allocations,
+                     "cost_vs_first_fit": sum(result.alloc_ns) / len(result.alloc_ns) / base_cost})
+    where = [p for p, f in zip(results[0].fragmentation, results[1].fragmentation, strict=True) if f > 0.30]
+    return {"events": events, "peak": peak, "capacity": capacity, "slot_bytes": slot_bytes, "results": results,
+            "rows": rows, "where": where}
+
+
+def _sweep_tables(width: int, height: int, layers: int) -> dict:
+    """Every configuration of `SWEEP` replayed: the results file's tables."""
+    from _results import table
+
+    rows, where_rows = [], []
+    for label, overrides in SWEEP:
+        settings = {"frames": 124, "slot_mib": 2.0, "headroom": 1.25, "no_hints": False, **overrides}
+        run = replay(width, height, settings["frames"], layers, settings["slot_mib"], settings["headroom"],
+                     settings["no_hints"])
+        for row in run["rows"]:
+            rows.append([f"`{label}`", f"{settings['frames']} frames, {len(run['events']):,} events, capacity "
+                         f"{format_size(run['capacity'])} for a {format_size(run['peak'])} peak", row["allocator"],
+                         row["granularity"], f"{row['mean']:.1%}", f"{row['p95']:.1%}", f"{row['max']:.1%}",
+                         f"{row['failed']} of {row['allocations']}", f"{row['cost_vs_first_fit']:.2f}"])
+        where = run["where"]
+        extra = run["results"][0].extra
+        where_rows.append([f"`{label}`", f"{len(where):,} of {len(run['events']):,}",
+                           f"{sum(where) / len(where):.1%}" if where else "-",
+                           f"{_percentile(where, 0.95):.1%}" if where else "-",
+                           format_size(extra["peak_rounding_waste"]),
+                           f"{extra['collections']} ({extra['collection_s'] * 1e3:.1f} ms)"])
+        print(f"  replayed {label}", file=sys.stderr, flush=True)
+    return {
+        "replay": table(["configuration", "trace", "allocator", "granularity", "fragmentation mean", "p95", "max",
+                         "failed allocations", "alloc cost (x first-fit)"], rows,
+                        note=f"Synthetic trace at {width}x{height} (sizes and lifetimes derived from the geometry, "
+                             "not recorded from a run), replayed into SlotPool and into the first-fit heap written "
+                             "here, same capacity; fragmentation = 1 - largest free run / free, after every event; "
+                             "alloc cost = mean wall time of an allocation call over first fit's, same run."),
+        "where_first_fit_over_30": table(
+            ["configuration", "events where first fit > 30%", "SlotPool mean there", "SlotPool p95 there",
+             "SlotPool peak slot-rounding waste", "SlotPool generation collections"], where_rows,
+            note="SlotPool's fragmentation at the events where the first-fit heap's exceeds 30%, same replays."),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--width", type=int, default=1344)
@@ -261,32 +333,38 @@ def main(argv: list[str] | None = None) -> int:
                         help="lease everything as generation 0 (plain best fit) to see what the hints buy")
     parser.add_argument("--csv", help="write fragmentation after every event to this CSV")
     parser.add_argument("--plot", help="write a PNG of fragmentation over time (matplotlib)")
+    parser.add_argument("--sweep", action="store_true",
+                        help="replay every configuration of SWEEP at --width/--height and write --out")
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "fragmentation.json"),
+                        help="results file of --sweep (default: %(default)s)")
     args = parser.parse_args(argv)
+    if args.sweep:
+        from _results import markdown, write_results
 
-    events = h3_decode_upscale_trace(args.width, args.height, args.frames, layers=args.layers)
-    if args.no_hints:
-        events = [Event(e.op, e.key, e.nbytes, YOUNG, e.label) for e in events]
-    peak = peak_live_bytes(events)
-    capacity = math.ceil(peak * args.headroom / (64 * MiB)) * 64 * MiB
-    slot_bytes = int(args.slot_mib * MiB) // 64 * 64
-    results = [replay_slot_pool(events, capacity, slot_bytes), replay_first_fit(events, capacity)]
+        tables = _sweep_tables(args.width, args.height, args.layers)
+        for found in tables.values():
+            print(markdown(found) + "\n")
+        write_results(args.out, "fragmentation", {"sweep": [label for label, _ in SWEEP], "width": args.width,
+                                                  "height": args.height, "layers": args.layers},
+                      {"tables": tables}, sources=("h3director/core/pool.py", "h3director/core/first_fit.py", "h3director/fragmentation.py",
+                                                   "h3director/geometry.py", "h3director/plan/decode.py"))
+        print(f"results: {args.out}")
+        return 0
 
+    run = replay(args.width, args.height, args.frames, args.layers, args.slot_mib, args.headroom, args.no_hints)
+    events, peak, capacity, results = run["events"], run["peak"], run["capacity"], run["results"]
     print(f"# H3 decode + upscale trace: {args.width}x{args.height}, {args.frames} frames, "
           f"{len(events)} events, peak live {format_size(peak)}, capacity {format_size(capacity)}")
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.machine()} CPU, "
           f"python {platform.python_version()}, torch {torch.__version__}")
-    base_cost = sum(results[1].alloc_ns) / len(results[1].alloc_ns)
     print("| allocator | granularity | fragmentation mean | p95 | max | failed allocations | alloc cost (x first-fit) |")
     print("|---|---|---|---|---|---|---|")
-    for result, grain in zip(results, (format_size(slot_bytes) + " slots", "512 B"), strict=True):
-        cost = sum(result.alloc_ns) / len(result.alloc_ns)
-        print(f"| {result.name} | {grain} | {sum(result.fragmentation) / len(result.fragmentation):.1%} "
-              f"| {_percentile(result.fragmentation, 0.95):.1%} | {max(result.fragmentation):.1%} "
-              f"| {result.failed} of {result.allocations} | {cost / base_cost:.2f} |")
-    pool_frag, ff_frag = results[0].fragmentation, results[1].fragmentation
-    where = [p for p, f in zip(pool_frag, ff_frag, strict=True) if f > 0.30]
+    for row in run["rows"]:
+        print(f"| {row['allocator']} | {row['granularity']} | {row['mean']:.1%} | {row['p95']:.1%} | {row['max']:.1%} "
+              f"| {row['failed']} of {row['allocations']} | {row['cost_vs_first_fit']:.2f} |")
+    where = run["where"]
     if where:
-        print(f"# where the first-fit heap exceeds 30% ({len(where)} of {len(ff_frag)} events): SlotPool mean "
+        print(f"# where the first-fit heap exceeds 30% ({len(where)} of {len(events)} events): SlotPool mean "
               f"{sum(where) / len(where):.1%}, p95 {_percentile(where, 0.95):.1%}, max {max(where):.1%}")
     else:
         print("# the first-fit heap never exceeds 30% on this trace")

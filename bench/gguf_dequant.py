@@ -35,6 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from _gguf_blocks import random_blocks  # noqa: E402
+from _results import markdown, table, write_results  # noqa: E402
 from _timing import median_seconds  # noqa: E402
 
 from h3director import native  # noqa: E402
@@ -43,17 +44,13 @@ from h3director.weights.dequant import dequantize_tensor  # noqa: E402
 MiB = 1 << 20
 
 
-def bench_speed(args) -> list[str]:
+def bench_speed(args, figures: dict) -> dict:
     import gguf
     from gguf import quants
 
     rows, cols = args.shape
     rng = np.random.default_rng(0)
-    lines = [f"dequantise one [{rows}, {cols}] matrix ({rows * cols * 4 / MiB:.0f} MiB float32 out) per type; median of "
-             f"{args.repeats} after a warm-up (gguf: 1 run); native backend: {native.backend()}, torch threads: "
-             f"{torch.get_num_threads()}", "",
-             "| type | quantised MiB | gguf.quants (s) | torch CPU (s) | native (s) | torch vs gguf | native vs gguf | "
-             "native vs torch | bits equal |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    cells, native_vs_gguf = [], []
     for name in args.types:
         raw = random_blocks(name, rows * cols, rng)
         qtype = gguf.GGMLQuantizationType[name]
@@ -67,10 +64,17 @@ def bench_speed(args) -> list[str]:
         equal = bool(np.array_equal(by_torch.numpy().view(np.uint32), ref.view(np.uint32))
                      and np.array_equal(out.numpy().view(np.uint32), ref.view(np.uint32)))
         del ref, by_torch
-        lines.append(f"| {name} | {raw.size / MiB:.0f} | {t_gguf:.3f} | {t_torch:.3f} | {t_native:.4f} | "
-                     f"{t_gguf / t_torch:.1f}x | {t_gguf / t_native:.0f}x | {t_torch / t_native:.0f}x | {equal} |")
-        print(lines[-1], flush=True)
-    return lines
+        cells.append([name, f"{raw.size / MiB:.0f}", f"{t_gguf:.3f}", f"{t_torch:.3f}", f"{t_native:.4f}",
+                      f"{t_gguf / t_torch:.1f}x", f"{t_gguf / t_native:.0f}x", f"{t_torch / t_native:.0f}x", equal])
+        native_vs_gguf.append(t_gguf / t_native)
+        print("| " + " | ".join(map(str, cells[-1])) + " |", flush=True)
+    figures["native_vs_gguf"] = (f"{min(native_vs_gguf):.0f}-{max(native_vs_gguf):.0f}x on one {rows}x{cols} layer "
+                                 f"({', '.join(args.types)})")
+    return table(["type", "quantised MiB", "gguf.quants (s)", "torch CPU (s)", "native (s)", "torch vs gguf",
+                  "native vs gguf", "native vs torch", "bits equal"], cells,
+                 note=f"Dequantise one [{rows}, {cols}] matrix ({rows * cols * 4 / MiB:.0f} MiB float32 out) per type; "
+                      f"median of {args.repeats} after a warm-up (gguf: 1 run); native backend: {native.backend()}, "
+                      f"torch threads: {torch.get_num_threads()}; \"x vs y\" = y's time / x's, same run.")
 
 
 def _write_block_file(folder: Path) -> Path:
@@ -127,7 +131,7 @@ print(json.dumps(dict(before=before, after=after, name=big.name, shape=list(big.
 """
 
 
-def bench_memory(args) -> list[str]:
+def bench_memory(args, figures: dict) -> dict:
     folder = Path(args.keep_files) if args.keep_files else Path(tempfile.mkdtemp(prefix="h3-gguf-bench-"))
     folder.mkdir(parents=True, exist_ok=True)
     source = _write_block_file(folder)
@@ -141,20 +145,22 @@ def bench_memory(args) -> list[str]:
     r = json.loads(child.stdout.strip().splitlines()[-1])
     size = out.stat().st_size
     grew = r["after"] - r["before"]
-    lines = [f"open and dequantise a real GGUF written by `weights convert` (one H3 block at the released widths, "
-             f"bf16 {source.stat().st_size / MiB:.0f} MiB -> Q8_0 {size / MiB:.0f} MiB, convert took {convert_s:.0f} s)",
-             "", "| measure | value |", "|---|---:|",
-             f"| file size | {size / MiB:.1f} MiB |",
-             f"| RSS increase from open_gguf | {grew / MiB:.2f} MiB ({100 * grew / size:.2f}% of the file; limit 5%) |",
-             f"| largest layer | {r['name']} {r['shape']} {r['qtype']} ({r['raw_bytes'] / MiB:.0f} MiB quantised) |",
-             f"| peak RSS above the preallocated out= while dequantising it | {r['peak_extra'] / MiB:.0f} MiB "
-             f"(the layer's bytes paged in from the map: {r['raw_bytes'] / MiB:.0f} MiB; output "
-             f"{r['out_bytes'] / MiB:.0f} MiB, preallocated) |"]
+    found = table(["measure", "value"], [
+        ["file size", f"{size / MiB:.1f} MiB"],
+        ["RSS increase from open_gguf", f"{grew / MiB:.2f} MiB ({100 * grew / size:.2f}% of the file; limit 5%)"],
+        ["largest layer", f"{r['name']} {r['shape']} {r['qtype']} ({r['raw_bytes'] / MiB:.0f} MiB quantised)"],
+        ["peak RSS above the preallocated out= while dequantising it",
+         f"{r['peak_extra'] / MiB:.0f} MiB (the layer's bytes paged in from the map: {r['raw_bytes'] / MiB:.0f} MiB; "
+         f"output {r['out_bytes'] / MiB:.0f} MiB, preallocated)"]],
+        note=f"Open and dequantise a real GGUF written by `weights convert` (a complete one-block H3 DiT at the "
+             f"released widths, bf16 {source.stat().st_size / MiB:.0f} MiB -> Q8_0 {size / MiB:.0f} MiB, convert took "
+             f"{convert_s:.0f} s), in a fresh process.")
+    figures["open_gguf_rss"] = f"{grew / MiB:.2f} MiB ({100 * grew / size:.2f}% of the file)"
     if not args.keep_files:
         for p in (source, out):
             p.unlink()
         folder.rmdir()
-    return lines
+    return found
 
 
 def main() -> int:
@@ -165,19 +171,25 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (native runs 1 thread)")
     parser.add_argument("--keep-files", default=None, help="folder for the memory section's files (kept)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gguf_dequant.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, Python {platform.python_version()}, torch {torch.__version__}")
-    sections = []
+    tables, figures = {}, {}
     if args.only in (None, "speed"):
-        sections.append(bench_speed(args))
+        tables["speed"] = bench_speed(args, figures)
     if args.only in (None, "memory"):
-        sections.append(bench_memory(args))
+        tables["memory"] = bench_memory(args, figures)
     print()
-    for lines in sections:
-        print("\n".join(lines))
-        print()
+    for found in tables.values():
+        print(markdown(found) + "\n")
+    write_results(args.out, "gguf_dequant", {k: v for k, v in vars(args).items() if k not in ("keep_files", "out")},
+                  {"tables": tables, "figures": figures},
+                  sources=("h3director/weights/dequant.py", "h3director/weights/dequant_torch.py",
+                           "h3director/weights/gguf_file.py", "h3director/native",
+                           "h3director/weights/convert.py"))
+    print(f"results: {args.out}")
     return 0
 
 

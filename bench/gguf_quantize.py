@@ -30,6 +30,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from _results import markdown, table, write_results  # noqa: E402
 from _timing import median_seconds  # noqa: E402
 
 from h3director import native  # noqa: E402
@@ -72,7 +73,7 @@ def bound_fraction(x: np.ndarray, decoded: np.ndarray, raw: np.ndarray, name: st
     return float(ratio.max())
 
 
-def bench_encode(args) -> list[str]:
+def bench_encode(args) -> dict:
     import gguf
 
     rows, cols = args.shape
@@ -80,10 +81,7 @@ def bench_encode(args) -> list[str]:
     data = {"normal": (rng.standard_normal((rows, cols)) * 0.02).astype(np.float32)}
     t = rng.standard_t(3, (rows, cols))
     data["heavy-tailed"] = (t / t.std() * 0.02).astype(np.float32)
-    lines = [f"encode one [{rows}, {cols}] float32 matrix per type; median of {args.repeats} after a warm-up; "
-             f"native decoder backend: {native.backend()}", "",
-             "| values | type | bits/weight | encode (s) | M values/s | RMS error / RMS | max error / max | "
-             "max error / bound | decoders' bits equal |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    cells = []
     for kind, x in data.items():
         rms_x, max_x = float(np.sqrt(np.mean(x.astype(np.float64) ** 2))), float(np.abs(x).max())
         for name in args.types:
@@ -97,13 +95,18 @@ def bench_encode(args) -> list[str]:
             error = decoded.astype(np.float64) - x
             bits = raw.size * 8 / x.size
             bound = f"{bound_fraction(x, decoded, raw, name):.3f}" if name in kquant.ENCODERS else "-"
-            lines.append(f"| {kind} | {name} | {bits:.4g} | {seconds:.3f} | {x.size / seconds / 1e6:.1f} | "
-                         f"{np.sqrt(np.mean(error ** 2)) / rms_x:.4f} | {np.abs(error).max() / max_x:.4f} | {bound} | "
-                         f"{'yes' if same else 'NO'} |")
-    return lines
+            cells.append([kind, name, f"{bits:.4g}", f"{seconds:.3f}", f"{x.size / seconds / 1e6:.1f}",
+                          f"{np.sqrt(np.mean(error ** 2)) / rms_x:.4f}", f"{np.abs(error).max() / max_x:.4f}", bound,
+                          "yes" if same else "NO"])
+    return table(["values", "type", "bits/weight", "encode (s)", "M values/s", "RMS error / RMS", "max error / max",
+                  "max error / bound", "decoders' bits equal"], cells,
+                 note=f"Encode one [{rows}, {cols}] float32 matrix per type; median of {args.repeats} encodes after a "
+                      f"warm-up (one thread of this machine; compare the rows with each other); native decoder "
+                      f"backend: {native.backend()}. Errors: gguf's decode against the input; max error / bound: the "
+                      "largest error over half the stored step of its sub-block (<= 1 required).")
 
 
-def bench_sizes() -> list[str]:
+def bench_sizes() -> dict:
     import gguf
 
     def nbytes(name: str, shape: tuple[int, int]) -> int:
@@ -111,10 +114,8 @@ def bench_sizes() -> list[str]:
         return shape[0] * shape[1] // values * size
 
     counts = {"blocks.": RELEASED_BLOCKS, "token_refiner.blocks.": 0}
-    lines = [f"the four big matrices of {RELEASED_BLOCKS} blocks at the released widths (no AdaLN, refiner or heads)",
-             "", "| type | GiB | bits/weight | matrices in Q6_K |", "|---|---:|---:|---:|"]
     params = RELEASED_BLOCKS * sum(r * c for r, c in RELEASED_BLOCK.values())
-    lines.append(f"| BF16 | {params * 2 / GiB:.2f} | 16 | 0 |")
+    cells = [["BF16", f"{params * 2 / GiB:.2f}", "16", "0"]]
     for name in ("Q8_0", "Q6_K", "Q5_K", "Q4_K", "Q4_K_M"):
         total, upgraded = 0, 0
         for i in range(RELEASED_BLOCKS):
@@ -122,8 +123,10 @@ def bench_sizes() -> list[str]:
                 kind = mix_type(f"blocks.{i}.{role}", *MIXES[name], counts) if name in MIXES else name
                 total += nbytes(kind, shape)
                 upgraded += kind == "Q6_K"
-        lines.append(f"| {name} | {total / GiB:.2f} | {total * 8 / params:.3f} | {upgraded} |")
-    return lines
+        cells.append([name, f"{total / GiB:.2f}", f"{total * 8 / params:.3f}", upgraded])
+    return table(["type", "GiB", "bits/weight", "matrices in Q6_K"], cells,
+                 note=f"Bytes of the four big matrices of {RELEASED_BLOCKS} blocks at the released widths (no AdaLN, "
+                      "refiner or heads), with convert's Q4_K_M rule (`convert.mix_type`); arithmetic, no timing.")
 
 
 def main() -> int:
@@ -131,12 +134,17 @@ def main() -> int:
     parser.add_argument("--shape", type=int, nargs=2, default=(2048, 5376))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--types", nargs="+", default=["Q8_0", "Q6_K", "Q5_K", "Q5_0", "Q4_K", "Q4_0"])
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gguf_quantize.json")
     args = parser.parse_args()
     print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
           f"{platform.processor() or 'cpu'}, numpy {np.__version__}, torch threads {torch.get_num_threads()}")
-    print("\n".join(bench_encode(args)))
-    print()
-    print("\n".join(bench_sizes()))
+    tables = {"encode": bench_encode(args), "sizes": bench_sizes()}
+    for found in tables.values():
+        print(markdown(found) + "\n")
+    write_results(args.out, "gguf_quantize", {"shape": list(args.shape), "repeats": args.repeats, "types": args.types},
+                  {"tables": tables}, sources=("h3director/weights/kquant.py", "h3director/weights/convert.py",
+                                               "h3director/weights/dequant.py"))
+    print(f"results: {args.out}")
     return 0
 
 

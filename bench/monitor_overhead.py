@@ -24,9 +24,11 @@ import platform
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import torch
+from _results import table, write_results
 
 from h3director.core.monitor import Monitor, ProcessTree
 
@@ -85,6 +87,7 @@ def main() -> None:
     parser.add_argument("--intervals", type=float, nargs="+", default=[10, 50, 100, 500])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=3.0, help="idle sampling time per interval (at least 10 samples)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "monitor_overhead.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -114,15 +117,28 @@ def main() -> None:
           f"torch {torch.__version__}, load average {os.getloadavg()[0]:.1f}")
     print(f"Workloads without monitor: pure-Python loop {base_py:.2f} s, torch matmul (1 thread) {base_th:.2f} s; "
           f"{args.repeats} interleaved repeats, fastest of each.\n")
-    print("| interval | requested /s | achieved /s (in-process) | missed ticks | CPU per sample (in-process) | % of one core "
-          "| achieved /s (process tree) | CPU per sample (process tree) | % of one core | pure-Python loop with/without "
-          "| torch matmul with/without |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for interval, local, tree, py_ratio, th_ratio in rows:
-        print(f"| {interval:g} ms | {local['requested_hz']:.1f} | {local['achieved_hz']:.1f} | {local['missed_ticks']:.0f} "
-              f"| {local['cpu_per_sample_us']:.0f} us | {local['cpu_percent_of_core']:.2f} % "
-              f"| {tree['achieved_hz']:.1f} | {tree['cpu_per_sample_us']:.0f} us | {tree['cpu_percent_of_core']:.2f} % "
-              f"| {py_ratio:.3f} | {th_ratio:.3f} |")
+    cells = [[f"{interval:g} ms", f"{local['requested_hz']:.1f}", f"{local['achieved_hz']:.1f}",
+              f"{local['missed_ticks']:.0f}", f"{local['cpu_per_sample_us']:.0f} us",
+              f"{local['cpu_percent_of_core']:.2f} %", f"{tree['achieved_hz']:.1f}", f"{tree['cpu_per_sample_us']:.0f} us",
+              f"{tree['cpu_percent_of_core']:.2f} %", f"{py_ratio:.3f}", f"{th_ratio:.3f}"]
+             for interval, local, tree, py_ratio, th_ratio in rows]
+    found = table(["interval", "requested /s", "achieved /s (in-process)", "missed ticks", "CPU per sample (in-process)",
+                   "% of one core", "achieved /s (process tree)", "CPU per sample (process tree)", "% of one core",
+                   "pure-Python loop with/without", "torch matmul with/without"], cells,
+                  note=f"with/without = the workload's fastest wall time with the monitor over without, {args.repeats} "
+                       f"interleaved repeats in one run (without: pure-Python loop {base_py:.2f} s, torch matmul, 1 "
+                       f"thread, {base_th:.2f} s); load average {os.getloadavg()[0]:.1f}.")
+    print("| " + " | ".join(found["columns"]) + " |")
+    for cell in cells:
+        print("| " + " | ".join(cell) + " |")
+    figures = {}
+    for interval, local, tree, _, _ in rows:
+        figures[f"core_percent_{interval:g}ms"] = f"{local['cpu_percent_of_core']:.2f}%"
+        figures[f"tree_core_percent_{interval:g}ms"] = f"{tree['cpu_percent_of_core']:.2f}%"
+    write_results(args.out, "monitor_overhead", {"intervals": args.intervals, "repeats": args.repeats,
+                                                 "seconds": args.seconds},
+                  {"tables": {"overhead": found}, "figures": figures}, sources=("h3director/core/monitor.py",))
+    print(f"results: {args.out}")
 
 
 if __name__ == "__main__":

@@ -36,12 +36,14 @@ from functools import partial
 import numpy as np
 import torch
 from _gguf_blocks import random_blocks
+from _results import markdown, table, write_results
 from _timing import best_seconds, median_seconds
 
 from h3director import native
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "native.json")
 MEASURED: dict = {}   # filled by the sections, written to --results
+FIGURES: dict = {}    # one-line figures for the documents' sentences, written to --results
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
@@ -115,7 +117,7 @@ def pack_child(name: str, frames: int, height: int, width: int, repeats: int) ->
     return {"seconds": seconds, "extra_peak_bytes": extra, "exact": exact}
 
 
-def bench_pack(args) -> list[str]:
+def bench_pack(args) -> dict:
     x = _video(args.frames, args.height, args.width)
     names = list(pack_variants(x))
     reference = native.pack_frames(x, mean=IMAGENET_MEAN, std=IMAGENET_STD)
@@ -134,44 +136,38 @@ def bench_pack(args) -> list[str]:
         MEASURED["pack_frames"] = {"shape": [3, args.frames, args.height, args.width], "dtype": "float32",
                                    "numpy_seconds": numpy_s, "c_seconds": c_s, "fallback_over_c": numpy_s / c_s,
                                    "repeats": args.repeats, "statistic": "median"}
-    lines = [
-        f"pack_frames, float32 [3, {args.frames}, {args.height}, {args.width}] -> uint8 "
-        f"[{args.frames}, {args.height}, {args.width}, 3] (output {out_bytes / 2**20:.0f} MiB); "
-        f"torch threads: {torch.get_num_threads()}",
-        "",
-        "| variant | median time (s) | speed-up vs torch + permute | extra peak RSS during call (MiB) | extra / output |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for name, row in rows.items():
-        lines.append(
-            f"| {name} | {row['seconds']:.3f} | {base / row['seconds']:.2f}x | "
-            f"{'' if row['exact'] else '<= '}{row['extra_peak_bytes'] / 2**20:.0f} | "
-            f"{'' if row['exact'] else '<= '}{row['extra_peak_bytes'] / out_bytes:.2f} |"
-        )
-    return lines
+    cells = [[name, f"{row['seconds']:.3f}", f"{base / row['seconds']:.2f}x",
+              f"{'' if row['exact'] else '<= '}{row['extra_peak_bytes'] / 2**20:.0f}",
+              f"{'' if row['exact'] else '<= '}{row['extra_peak_bytes'] / out_bytes:.2f}"] for name, row in rows.items()]
+    if "native C, 1 thread" in rows:
+        c1, torch_row = rows["native C, 1 thread"], rows["torch expression + permute to [F,H,W,C]"]
+        FIGURES["pack_c_vs_torch"] = (
+            f"{base / c1['seconds']:.1f}x faster than that expression at {args.width}x{args.height}x{args.frames} "
+            f"frames (C, 1 thread, median of {args.repeats}), with "
+            f"{c1['extra_peak_bytes'] / max(torch_row['extra_peak_bytes'], 1):.2f}x of its extra peak memory")
+    return table(["variant", "median time (s)", "speed-up vs torch + permute", "extra peak RSS during call (MiB)",
+                  "extra / output"], cells,
+                 note=f"pack_frames, float32 [3, {args.frames}, {args.height}, {args.width}] -> uint8 "
+                      f"[{args.frames}, {args.height}, {args.width}, 3] (output {out_bytes / 2**20:.0f} MiB); torch "
+                      f"threads: {torch.get_num_threads()}; median of {args.repeats} calls, each variant in its own "
+                      "subprocess (VmHWM reset after the input exists); speed-up = torch + permute's time / the "
+                      "variant's, same run.")
 
 
 # ------------------------------------------------------------------------------------------- dequant
 
 
-def bench_dequant(args) -> list[str]:
+def bench_dequant(args) -> dict:
     import gguf
     from gguf import quants
 
     rng = np.random.default_rng(0)
     have_c = native.backend() == "c"
-    lines = [
-        f"dequantize to float32, {args.values} values per type ({args.values * 4 / 2**20:.0f} MiB output); "
-        f"best of {3 * args.repeats} runs (gguf, fallback: best of {args.repeats}); native writes into a "
-        "pre-faulted out= buffer; memcpy = np.copyto of the same output bytes, timed next to each type",
-        "",
-        "| type | gguf.quants (ms) | numpy fallback (ms) | C 1 thread (ms) | C 2 threads (ms) | memcpy (ms) | "
-        "speed-up C1 vs gguf | speed-up C2 vs gguf | C1 time / memcpy time |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    cells = []
     src = np.ones(args.values, np.float32)
     dst = np.zeros(args.values, np.float32)
     many = 3 * args.repeats
+    speedups, over_memcpy = [], []
     for name in TYPES:
         data = random_blocks(name, args.values, rng).reshape(1, -1)
         qtype = gguf.GGMLQuantizationType[name]
@@ -181,7 +177,7 @@ def bench_dequant(args) -> list[str]:
         t_np = best_seconds(partial(native.dequantize, data, name, out=out, backend="numpy"), args.repeats)
         assert np.array_equal(out.view(np.uint32), ref.view(np.uint32))
         memcpy = best_seconds(partial(np.copyto, dst, src), many)
-        row = f"| {name} | {t_gguf * 1e3:.1f} | {t_np * 1e3:.1f} |"
+        row = [name, f"{t_gguf * 1e3:.1f}", f"{t_np * 1e3:.1f}"]
         if have_c:
             t_c1 = best_seconds(partial(native.dequantize, data, name, out=out, backend="c"), many)
             t_c2 = best_seconds(partial(native.dequantize, data, name, out=out, threads=2, backend="c"), many)
@@ -189,12 +185,24 @@ def bench_dequant(args) -> list[str]:
             MEASURED.setdefault("dequantize", {})[name] = {
                 "values": args.values, "numpy_seconds": t_np, "c_seconds": t_c1, "fallback_over_c": t_np / t_c1,
                 "statistic": "best"}
-            row += (f" {t_c1 * 1e3:.2f} | {t_c2 * 1e3:.2f} | {memcpy * 1e3:.2f} | {t_gguf / t_c1:.1f}x | "
-                    f"{t_gguf / t_c2:.1f}x | {t_c1 / memcpy:.2f} |")
+            row += [f"{t_c1 * 1e3:.2f}", f"{t_c2 * 1e3:.2f}", f"{memcpy * 1e3:.2f}", f"{t_gguf / t_c1:.1f}x",
+                    f"{t_gguf / t_c2:.1f}x", f"{t_c1 / memcpy:.2f}"]
+            speedups.append(t_gguf / t_c1)
+            over_memcpy.append(t_c1 / memcpy)
         else:
-            row += f" n/a | n/a | {memcpy * 1e3:.2f} | n/a | n/a | n/a |"
-        lines.append(row)
-    return lines
+            row += ["n/a", "n/a", f"{memcpy * 1e3:.2f}", "n/a", "n/a", "n/a"]
+        cells.append(row)
+    if speedups:
+        FIGURES["dequant_c_vs_gguf"] = (f"{min(speedups):.0f}-{max(speedups):.0f}x faster than `gguf.quants` on "
+                                        f"{args.values:,} values per type (C, 1 thread, best of {many})")
+        FIGURES["dequant_over_memcpy"] = (f"{min(over_memcpy):.1f}-{max(over_memcpy):.1f}x the time of copying the "
+                                          "same float32 bytes")
+    return table(["type", "gguf.quants (ms)", "numpy fallback (ms)", "C 1 thread (ms)", "C 2 threads (ms)",
+                  "memcpy (ms)", "speed-up C1 vs gguf", "speed-up C2 vs gguf", "C1 time / memcpy time"], cells,
+                 note=f"dequantize to float32, {args.values} values per type ({args.values * 4 / 2**20:.0f} MiB "
+                      f"output); best of {many} runs (gguf, fallback: best of {args.repeats}); native writes into "
+                      "a pre-faulted out= buffer; memcpy = np.copyto of the same output bytes, timed next to each "
+                      "type; speed-up = gguf's time / C's, same run.")
 
 
 # --------------------------------------------------------------------------------------------- arena
@@ -206,17 +214,11 @@ def _decode_pattern(width: int, height: int, frames: int) -> list[int]:
     return [clip * 4, clip, 64 << 10, 256 << 10, 1 << 20, 16 << 10]
 
 
-def bench_arena(args) -> list[str]:
+def bench_arena(args) -> dict:
     sizes = _decode_pattern(672, 384, 21)
     clips = args.clips
     capacity = sum(-(-s // 4096) * 4096 for s in sizes)
-    lines = [
-        f"decode buffer pattern per clip: {', '.join(f'{s / 2**20:.2f}' for s in sizes)} MiB; {clips} clips; "
-        "arena capacity = one clip's buffers",
-        "",
-        "| level | variant | time per clip (µs) | ratio vs malloc/free |",
-        "|---|---|---:|---:|",
-    ]
+    cells = []
     if native.backend() == "c":
         from h3director.native import _c
 
@@ -245,8 +247,8 @@ def bench_arena(args) -> list[str]:
         t_malloc = median_seconds(c_malloc, args.repeats) / clips
         t_arena = median_seconds(c_arena, args.repeats) / clips
         lib.h3_arena_destroy(arena)
-        lines.append(f"| C (via ctypes) | malloc/free | {t_malloc * 1e6:.1f} | 1.00x |")
-        lines.append(f"| C (via ctypes) | h3_arena_alloc/free | {t_arena * 1e6:.1f} | {t_malloc / t_arena:.2f}x |")
+        cells.append(["C (via ctypes)", "malloc/free", f"{t_malloc * 1e6:.1f}", "1.00x"])
+        cells.append(["C (via ctypes)", "h3_arena_alloc/free", f"{t_arena * 1e6:.1f}", f"{t_malloc / t_arena:.2f}x"])
 
     def py_numpy():
         for _ in range(clips):
@@ -267,10 +269,13 @@ def bench_arena(args) -> list[str]:
 
     t_np = median_seconds(py_numpy, args.repeats) / clips
     t_lease = median_seconds(py_lease, args.repeats) / clips
-    lines.append(f"| Python, pages written | np.empty (malloc) | {t_np * 1e6:.1f} | 1.00x |")
-    lines.append(f"| Python, pages written | Arena.lease ({py_arena.backend}) + numpy view | {t_lease * 1e6:.1f} | "
-                 f"{t_np / t_lease:.2f}x |")
-    return lines
+    cells.append(["Python, pages written", "np.empty (malloc)", f"{t_np * 1e6:.1f}", "1.00x"])
+    cells.append(["Python, pages written", f"Arena.lease ({py_arena.backend}) + numpy view", f"{t_lease * 1e6:.1f}",
+                  f"{t_np / t_lease:.2f}x"])
+    return table(["level", "variant", "time per clip (µs)", "ratio vs malloc/free"], cells,
+                 note=f"decode buffer pattern per clip: {', '.join(f'{s / 2**20:.2f}' for s in sizes)} MiB; {clips} "
+                      f"clips; arena capacity = one clip's buffers; median of {args.repeats}; ratio = malloc/free's "
+                      "time / the variant's, same run.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -298,56 +303,51 @@ def main(argv: list[str] | None = None) -> int:
           f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
           f"backend {native.describe()}, load average {os.getloadavg()[0]:.1f}")
     sections = {"pack": bench_pack, "dequant": bench_dequant, "arena": bench_arena}
+    tables = {}
     for key, section in sections.items():
         if args.only and key not in args.only:
             continue
+        tables[key] = section(args)
         print()
-        print("\n".join(section(args)))
+        print(markdown(tables[key]))
         sys.stdout.flush()
     if MEASURED:
-        write_results(args.results)
+        if "pack_frames" in MEASURED:
+            tables["fallback"] = fallback_table(MEASURED)
+            FIGURES["fallback_pack"] = f"{MEASURED['pack_frames']['fallback_over_c']:.1f}x"
+        if "dequantize" in MEASURED:
+            ratios = [row["fallback_over_c"] for row in MEASURED["dequantize"].values()]
+            FIGURES["fallback_dequant"] = f"{min(ratios):.0f}-{max(ratios):.0f}x"
+        write_results(args.results, "native", {k: v for k, v in vars(args).items() if k not in ("render", "results",
+                                                                                                   "pack_child")},
+                      {"load_average": round(os.getloadavg()[0], 1), "torch_threads": torch.get_num_threads(),
+                       "backend": native.describe(), **MEASURED, "tables": tables, "figures": FIGURES},
+                      sources=("h3director/native",))
         print(f"\nresults: {args.results}")
     else:
         print("\nresults not written: the C library is unavailable, so there is no fallback/C ratio to record")
     return 0
 
 
+def fallback_table(measured: dict) -> dict:
+    """The numpy fallback's cost over the C library (1 thread), one row per operation measured."""
+    pack = measured["pack_frames"]
+    cells = [[f"pack_frames float32 {'x'.join(map(str, pack['shape']))} -> uint8 ({pack['statistic']} of "
+              f"{pack['repeats']})", f"{pack['numpy_seconds']:.3f}", f"{pack['c_seconds']:.3f}",
+              f"**{pack['fallback_over_c']:.1f}x**"]]
+    for name, row in measured.get("dequantize", {}).items():
+        cells.append([f"dequantize {name}, {row['values']} values -> float32 ({row['statistic']})",
+                      f"{row['numpy_seconds']:.4f}", f"{row['c_seconds']:.4f}", f"{row['fallback_over_c']:.1f}x"])
+    return table(["operation", "numpy fallback (s)", "C, 1 thread (s)", "fallback / C"], cells,
+                 note="fallback / C = the numpy fallback's time over the C library's (1 thread), same run; "
+                      "pack_frames: each variant in its own subprocess; dequantize: the fallback's best against C's "
+                      "best (the bench's statistics).")
+
+
 def render_results(path: str) -> str:
-    """The numpy fallback's cost over the C library from a results file, as a markdown table."""
+    """The fallback/C table of a results file, as markdown."""
     with open(path) as f:
-        data = json.load(f)
-    lines = [f"`{os.path.relpath(path)}`: {data['date']}, {data['machine']}, load average {data['load_average']} "
-             f"when written, commit {data['commit']}", "",
-             "| operation | numpy fallback (s) | C, 1 thread (s) | fallback / C |", "|---|---:|---:|---:|"]
-    pack = data["pack_frames"]
-    lines.append(f"| pack_frames float32 {'x'.join(map(str, pack['shape']))} -> uint8 ({pack['statistic']} of "
-                 f"{pack['repeats']}) | {pack['numpy_seconds']:.3f} | {pack['c_seconds']:.3f} | "
-                 f"**{pack['fallback_over_c']:.1f}x** |")
-    for name, row in data.get("dequantize", {}).items():
-        lines.append(f"| dequantize {name}, {row['values']} values -> float32 ({row['statistic']}) | "
-                     f"{row['numpy_seconds']:.4f} | {row['c_seconds']:.4f} | {row['fallback_over_c']:.1f}x |")
-    return "\n".join(lines)
-
-
-def write_results(path: str) -> None:
-    """The measured ratios with the code version and machine, as JSON (write-then-rename)."""
-    import h3director
-
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=os.path.dirname(os.path.abspath(__file__)), check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = None
-    data = {"bench": "bench/native.py", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
-            "load_average": round(os.getloadavg()[0], 1), "torch_threads": torch.get_num_threads(),
-            "h3director": h3director.__version__, "commit": commit, "backend": native.describe(), **MEASURED}
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+        return markdown(json.load(f)["tables"]["fallback"])
 
 
 if __name__ == "__main__":

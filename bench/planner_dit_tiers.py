@@ -9,6 +9,7 @@ Run: OMP_NUM_THREADS=2 .venv/bin/python bench/planner_dit_tiers.py
 
 from __future__ import annotations
 
+import argparse
 import pathlib
 import sys
 import warnings
@@ -17,6 +18,7 @@ from datetime import datetime, timezone
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
 import torch  # noqa: E402
+from _results import table, write_results  # noqa: E402
 from comfy_harness.vendored import use_prepared_comfyui, why_no_h3_comfyui  # noqa: E402
 from dit_tier_cases import (  # noqa: E402
     comfy_root,
@@ -31,6 +33,10 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=pathlib.Path,
+                        default=pathlib.Path(__file__).resolve().parent / "results" / "planner_dit_tiers.json")
+    args = parser.parse_args()
     warnings.simplefilter("ignore")
     use_prepared_comfyui()          # COMFYUI_DIR, else the vendored tree scripts/setup.sh prepared
     if comfy_root() is None:
@@ -42,6 +48,7 @@ def main() -> None:
     keys = [(tier, dtype) for tier in TIERS for dtype in DTYPES]
     comfy = dict(zip(keys, measure_comfy_blocks([(ROWS, d, TIERS[t]) for t, d in keys]), strict=True)) \
         if comfy_root() else {}
+    rows, errors = [], []
     for framework, shape in (("diffusers", dit_shape_diffusers()), ("comfy", dit_shape_comfy())):
         for tier, dtype in keys:
             if framework == "diffusers":
@@ -51,8 +58,19 @@ def main() -> None:
             else:
                 continue
             predicted = _predict(shape, framework, DTYPES[dtype], TIERS[tier])
-            print(f"| {framework} | {tier} | {dtype} | {measured:,} | {predicted:,} | "
-                  f"{predicted / measured - 1:+.2%} |", flush=True)
+            errors.append(predicted / measured - 1)
+            rows.append([framework, tier, dtype, f"{measured:,}", f"{predicted:,}", f"{errors[-1]:+.2%}"])
+            print("| " + " | ".join(rows[-1]) + " |", flush=True)
+    worst = max(errors, key=abs)
+    write_results(args.out, "planner_dit_tiers", {"rows": ROWS, "comfyui": comfy_root() is not None}, {
+        "tables": {"tiers": table(["framework", "tier", "dtype", "measured peak (B)", "ledger (B)", "error"], rows,
+                                  note=f"One real block at small widths (hidden 64, 4 heads x 16, FFN 160), {ROWS} "
+                                       "rows, CPU; measured = LiveBytesTracker's peak; ledger = "
+                                       "dit_block_peak_bytes; error = ledger / measured - 1.")},
+        "figures": {"worst_error": f"{worst:+.2%}"}},
+        sources=("tests/dit_tier_cases.py", "tests/test_plan_dit_tiers.py", "h3director/plan/activations.py",
+                 "h3director/dit", "h3director/integrations/diffusers_dit.py", "h3director/integrations/comfy_dit.py"))
+    print(f"results: {args.out}")
 
 
 if __name__ == "__main__":

@@ -10,11 +10,15 @@ its imports: one `estimate` of the request as asked plus `recommend`. Columns: t
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import subprocess
 import sys
 from datetime import datetime, timezone
+from pathlib import Path
+
+from _results import table, write_results
 
 GiB = 1024**3
 CASES = (
@@ -57,17 +61,33 @@ print(json.dumps({"seconds": time.perf_counter() - start, "estimates": calls[0],
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "planner_speed.json")
+    args = parser.parse_args()
     print(f"# planner speed, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
           f"Python {platform.python_version()}")
     print("| canvas | frames | budget (VRAM / RAM GiB) | formats | outcome | estimates | seconds |")
     print("|---|---:|---|---|---|---:|---:|")
+    rows, figures = [], {}
     for case in CASES:
         width, height, frames, vram, ram, fmt = case
         out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(case)], capture_output=True, text=True,
                              check=True)
         result = json.loads(out.stdout)
-        print(f"| {width}x{height} | {frames:,} | {vram} / {ram} | {fmt or 'all'} | {result['outcome']} | "
-              f"{result['estimates']:,} | {result['seconds']:.3f} |")
+        rows.append([f"{width}x{height}", f"{frames:,}", f"{vram} / {ram}", fmt or "all", result["outcome"],
+                     f"{result['estimates']:,}", f"{result['seconds']:.3f}"])
+        print("| " + " | ".join(rows[-1]) + " |", flush=True)
+        if (width, height, frames, vram, ram, fmt) == (1344, 768, 20_405, 24, 64, None):
+            figures["seconds_20405"] = f"{result['seconds']:.2f} s for 20,405 frames"
+        figures["slowest"] = max(figures.get("slowest", 0.0), result["seconds"])
+    figures["slowest"] = f"{figures['slowest']:.2f} s"
+    write_results(args.out, "planner_speed", {"cases": [list(c) for c in CASES]}, {
+        "tables": {"speed": table(["canvas", "frames", "budget (VRAM / RAM GiB)", "formats", "outcome", "estimates",
+                                   "seconds"], rows,
+                                  note="seconds: wall time of one estimate plus recommend in a fresh interpreter "
+                                       "(one sample on a shared machine: compare the rows with each other).")},
+        "figures": figures}, sources=("h3director/plan", "h3director/geometry.py"))
+    print(f"results: {args.out}")
 
 
 if __name__ == "__main__":

@@ -14,8 +14,9 @@ line, for a sentence of the document). Nobody edits a block by hand.
     python scripts/render_docs.py           rewrite every block from its results file
     python scripts/render_docs.py --check   change nothing; exit 1 naming every block that differs from its
                                             results file, every results file that is missing, and every one
-                                            older than the code it describes (a commit after the one that
-                                            produced it changed one of the renderer's sources)
+                                            older than the code it describes (the code of one of its sources,
+                                            comments, docstrings and __all__ aside, differs from the code at
+                                            the commit that produced it)
 
 Run from anywhere; paths are the repository's. The staleness check needs the git history (in a shallow clone
 it is skipped and says so).
@@ -120,11 +121,7 @@ def _generic(key: str) -> Callable[[dict], str]:
         if found is None:
             known = sorted({*(data.get("tables") or {}), *(data.get("figures") or {})})
             raise KeyError(f"no table or figure {key!r} in bench/results/{data['bench']}.json (has: {', '.join(known)})")
-        lines = ["| " + " | ".join(found["columns"]) + " |", "|" + "---|" * len(found["columns"])]
-        lines += ["| " + " | ".join(row) + " |" for row in found["rows"]]
-        if found.get("note"):
-            lines += ["", found["note"]]
-        return "\n".join(lines) + "\n\n" + _provenance(data)
+        return _bench_module("_results").markdown(found) + "\n\n" + _provenance(data)
     return render
 
 
@@ -176,9 +173,72 @@ def _git(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=60)
 
 
+def _without_documentation(source: bytes) -> str:
+    """A Python file's code with what does not run removed: comments, docstrings and `__all__` (the AST's dump);
+    a file that does not parse is compared as it is."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return source.decode("utf-8", "replace")
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            node.body = [statement for statement in body
+                         if not (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
+                                 and isinstance(statement.value.value, str))
+                         and not (isinstance(statement, (ast.Assign, ast.AnnAssign)) and any(
+                             isinstance(target, ast.Name) and target.id == "__all__"
+                             for target in (statement.targets if isinstance(statement, ast.Assign)
+                                            else [statement.target])))] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+def _code(text: bytes, path: str) -> str:
+    """What of a file decides what a bench measures: Python without its documentation, other files whole."""
+    import hashlib
+
+    kept = _without_documentation(text) if path.endswith(".py") else text.decode("utf-8", "replace")
+    return hashlib.sha256(kept.encode()).hexdigest()
+
+
+def _code_at(commit: str, sources: tuple[str, ...]) -> dict[str, str] | None:
+    """{path: code hash} of the files under `sources` at `commit`; None when git cannot tell (the commit is
+    not in this clone)."""
+    listing = _git("ls-tree", "-r", commit, "--", *sources)
+    if listing.returncode != 0:
+        return None
+    blobs = {}
+    for line in listing.stdout.splitlines():
+        meta, path = line.split("\t", 1)
+        blobs[path] = meta.split()[2]
+    if not blobs:
+        return {}
+    read = subprocess.run(["git", "-C", str(REPO), "cat-file", "--batch"], input="\n".join(blobs.values()).encode()
+                          + b"\n", capture_output=True, timeout=120)
+    out, found, at = read.stdout, {}, 0
+    for path in blobs:
+        header_end = out.index(b"\n", at)
+        size = int(out[at:header_end].split()[2])
+        found[path] = _code(out[header_end + 1:header_end + 1 + size], path)
+        at = header_end + 1 + size + 1
+    return found
+
+
+def _code_now(sources: tuple[str, ...]) -> dict[str, str]:
+    """{path: code hash} of the tracked files under `sources` as they are in the checkout."""
+    tracked = _git("ls-files", "--", *sources).stdout.splitlines()
+    return {path: _code((REPO / path).read_bytes(), path) for path in tracked if (REPO / path).is_file()}
+
+
 def staleness(name: str, data: dict) -> str | None:
     """Why the results of renderer `name` are older than the code they describe, or None when they are not (or
-    when the history needed to tell is missing: a shallow clone)."""
+    when the history needed to tell is missing: a shallow clone).
+
+    The code of the renderer's sources at the results' commit is compared with the checkout's, without comments,
+    docstrings and `__all__` (they change nothing a bench measures): any other change, a file added, removed or
+    moved makes the results stale."""
     renderer = renderer_for(name)
     sources = renderer.sources_of(data)
     code = data.get("code") or {}
@@ -191,12 +251,14 @@ def staleness(name: str, data: dict) -> str | None:
         return f"{renderer.results} names no commit"
     if not sources:
         return f"{renderer.results} names no sources (write_results(..., sources=))"
-    last = _git("log", "-1", "--format=%H", "--", *sources).stdout.strip()
-    if not last:                                   # the sources have no commit yet: nothing to compare
-        return None
-    if _git("merge-base", "--is-ancestor", last, commit).returncode != 0:
-        return (f"{renderer.results} comes from commit {commit[:10]}, but {last[:10]} changed "
-                f"{', '.join(sources)} after it: rerun the bench")
+    then = _code_at(commit, sources)
+    if then is None:
+        return f"{renderer.results} comes from commit {commit[:10]}, which this clone does not have: rerun the bench"
+    now = _code_now(sources)
+    changed = sorted(path for path in then.keys() | now.keys() if then.get(path) != now.get(path))
+    if changed:
+        return (f"{renderer.results} comes from commit {commit[:10]}, but the code of "
+                f"{', '.join(changed[:6])}{' ...' if len(changed) > 6 else ''} changed since: rerun the bench")
     return None
 
 

@@ -158,5 +158,9 @@ def test_doctor_cites_the_measured_fallback_cost_from_the_bench_results(tmp_path
                                    "pack_frames": {"shape": [3, 24, 768, 1344], "fallback_over_c": 6.25}}))
     text = environment.native_fallback_cost(results)
     assert "6.2x" in text and "3x24x768x1344" in text and "2026-12-01 15:00 UTC" in text, text
+    results.write_text(json.dumps({"date": "2026-12-01T18:00:00+00:00", "machine": {"processor": "x86_64", "cpus": 2},
+                                   "pack_frames": {"shape": [3, 24, 768, 1344], "fallback_over_c": 5.0}}))
+    text = environment.native_fallback_cost(results)      # bench/_results.py's record: machine is a dict
+    assert "5.0x" in text and "x86_64, 2 CPUs" in text and "2026-12-01T18:00:00+00:00" in text, text
     results.write_text("{not json")
     assert environment.native_fallback_cost(results).startswith("not measured")

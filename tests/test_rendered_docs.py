@@ -95,3 +95,15 @@ def test_a_table_with_a_short_row_is_refused():
 
     with pytest.raises(ValueError, match="every row needs 2 cells"):
         table(["a", "b"], [["1"]])
+
+
+def test_documentation_does_not_make_results_stale_but_code_does():
+    from render_docs import _code
+
+    base = b'"""Module."""\nimport os\n\n\ndef f(x):\n    """Twice x."""\n    return 2 * x  # double\n'
+    documented = (b'"""Module: what it does, at length."""\nimport os\n\n\ndef f(x):\n    """Returns 2x (units: none)."""'
+                  b'\n    # a comment\n    return 2 * x\n\n\n__all__ = ["f"]\n')
+    changed = base.replace(b"2 * x", b"3 * x")
+    assert _code(base, "m.py") == _code(documented, "m.py")
+    assert _code(base, "m.py") != _code(changed, "m.py")
+    assert _code(b"a: 1\n", "c.yaml") != _code(b"a: 1 # note\n", "c.yaml")    # other files compare whole

@@ -99,7 +99,10 @@ def native_fallback_cost(results: Path | None = None) -> str:
     except (OSError, ValueError, KeyError, TypeError):
         return f"not measured (no usable {path})"
     shape = "x".join(str(n) for n in pack.get("shape", []))
-    where = ", ".join(str(v) for v in (data.get("date"), data.get("machine")) if v)
+    machine = data.get("machine")
+    if isinstance(machine, dict):    # bench/_results.py's record: platform, processor count, ...
+        machine = f"{machine.get('processor') or machine.get('platform', '?')}, {machine.get('cpus', '?')} CPUs"
+    where = ", ".join(str(v) for v in (data.get("date"), machine) if v)
     return (f"frame packing (decode to uint8/MP4) measured {ratio:.1f}x the C library's time"
             f"{f' on float32 {shape}' if shape else ''} ({path.name}: {where})")
 
