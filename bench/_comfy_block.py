@@ -3,7 +3,7 @@ the benches run it side by side: ComfyUI's stock block, H3 Director's tiers (`co
 H3 nodes (their object patches, applied as ComfyUI applies them).
 
 Used by bench/dit_quantised_vs_kjnodes.py (CPU) and bench/gpu/dit_quantised_kjnodes.py (CUDA); bench/dit_memory.py
-takes its inputs from `block_inputs`.
+imports ComfyUI and makes its block inputs through `import_comfy` and `block_inputs`.
 
 - `import_comfy(comfy_dir, cpu)`: ComfyUI's H3 model module, attention forced to PyTorch SDPA;
 - `build_block(h3, shape, time_embed, layout, device)`: the block built with the operations ComfyUI picks for
