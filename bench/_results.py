@@ -92,9 +92,9 @@ def write_results(path: str | os.PathLike, bench: str, arguments: dict, data: di
     return target
 
 
-def markdown(found: dict) -> str:
-    """A `table(...)` as the markdown a bench prints (header, rule, rows, then its note), as a generic rendered
-    block shows it without the provenance line."""
+def table_markdown(found: dict) -> str:
+    """A `table(...)` as the markdown the render script puts in a document (header, rows, note), for a bench's
+    own printout."""
     lines = ["| " + " | ".join(found["columns"]) + " |", "|" + "---|" * len(found["columns"])]
     lines += ["| " + " | ".join(row) + " |" for row in found["rows"]]
     if found.get("note"):

@@ -18,7 +18,7 @@ import platform
 from pathlib import Path
 
 import torch
-from _results import markdown, table, write_results
+from _results import table, table_markdown, write_results
 
 from h3director.integrations.diffusers_h3 import H3VideoAdapter, denormalize_video
 from h3director.integrations.diffusers_h3_audio import H3AudioAdapter, context_latents, decoder_influence
@@ -101,7 +101,7 @@ def main() -> None:
               "audio_chunks": chunked_error(tiny_h3_audio_vae(), figures),
               "video_executions": video_executions(tiny_h3_vae(), figures)}
     for found in tables.values():
-        print(markdown(found) + "\n")
+        print(table_markdown(found) + "\n")
     write_results(args.out, "decode_exactness", {}, {"tables": tables, "figures": figures}, sources=SOURCES)
     print(f"results: {args.out}")
 

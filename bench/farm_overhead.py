@@ -15,7 +15,8 @@ settings (the farm's first rung that the worker fits, e.g. the decode node's `bu
 Timed is the batch only (first submission to last output written), not the start of Ray or of the
 servers, which a long batch pays once. Rounds alternate direct and farm; the ratio is farm / direct
 of the summed batch times. Both servers run with OMP_NUM_THREADS=1 (Ray's default for its workers).
-Prints a Markdown table.
+Prints a Markdown table and writes bench/results/farm_overhead.json (`--out`): table `rounds`, figure `ratio`
+(BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ sys.path.insert(0, str(REPO / "tests"))
 os.environ.setdefault("COMFYUI_DIR", str(REPO / ".comfy" / "ComfyUI"))
 os.environ.setdefault("COMFYUI_PYTHON", str(REPO / ".comfy" / "venv" / "bin" / "python"))
 os.environ["OMP_NUM_THREADS"] = "1"   # what Ray gives its workers by default; the direct server gets the same
+sys.path.insert(0, str(REPO / "bench"))
+from _results import table, table_markdown, write_results  # noqa: E402
+
+SOURCES = ("h3director/farm",)
 
 
 def _jobs_file(folder: Path, count: int, size: int, frames: int, tag: str) -> Path:
@@ -91,6 +96,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=256, help="latent canvas in pixels (square, multiple of 32)")
     parser.add_argument("--frames", type=int, default=39, help="frames on the 17n+5 grid")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "farm_overhead.json")
     args = parser.parse_args()
 
     from comfy_harness.farm_base import prepare_farm_base
@@ -129,13 +135,19 @@ def main() -> None:
     finally:
         session.close()
         direct_server.stop()
-    print(f"{args.jobs} jobs per batch, {args.size}x{args.size}x{args.frames} decode, one worker, "
-          f"{args.rounds} rounds\n")
-    print("| round | direct (s) | farm (s) | farm / direct |")
-    print("|---|---|---|---|")
-    for r, d, f in rows:
-        print(f"| {r} | {d:.2f} | {f:.2f} | {f / d:.3f} |")
-    print(f"| all | {direct_s:.2f} | {farm_s:.2f} | **{farm_s / direct_s:.3f}** |")
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    body = [[r, f"{d:.2f}", f"{f:.2f}", f"{f / d:.3f}"] for r, d, f in rows]
+    body.append(["all", f"{direct_s:.2f}", f"{farm_s:.2f}", f"**{farm_s / direct_s:.3f}**"])
+    rounds = table(["round", "direct (s)", "farm (s)", "farm / direct"], body,
+                   f"{args.jobs} jobs per batch, each a {args.size}x{args.size}x{args.frames} decode to MP4 in a CPU "
+                   f"ComfyUI, one worker, {args.rounds} rounds alternating direct and farm; the batch time only (not "
+                   f"the start of Ray or the servers). Load average {load} when the run ended.")
+    ratio = (f"farm / direct = {farm_s / direct_s:.3f} over {args.rounds} x {args.jobs} jobs of a "
+             f"{args.size}x{args.size}x{args.frames} decode")
+    print(table_markdown(rounds))
+    write_results(args.out, "farm_overhead", {k: v for k, v in vars(args).items() if k != "out"},
+                  {"rounds_s": [{"round": r, "direct": d, "farm": f} for r, d, f in rows], "load_average": load,
+                   "tables": {"rounds": rounds}, "figures": {"ratio": ratio}}, sources=SOURCES)
 
 
 if __name__ == "__main__":

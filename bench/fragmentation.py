@@ -339,11 +339,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="results file of --sweep (default: %(default)s)")
     args = parser.parse_args(argv)
     if args.sweep:
-        from _results import markdown, write_results
+        from _results import table_markdown, write_results
 
         tables = _sweep_tables(args.width, args.height, args.layers)
         for found in tables.values():
-            print(markdown(found) + "\n")
+            print(table_markdown(found) + "\n")
         write_results(args.out, "fragmentation", {"sweep": [label for label, _ in SWEEP], "width": args.width,
                                                   "height": args.height, "layers": args.layers},
                       {"tables": tables}, sources=("h3director/core/pool.py", "h3director/core/first_fit.py", "h3director/fragmentation.py",

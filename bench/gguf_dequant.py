@@ -35,7 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from _gguf_blocks import random_blocks  # noqa: E402
-from _results import markdown, table, write_results  # noqa: E402
+from _results import table, table_markdown, write_results  # noqa: E402
 from _timing import median_seconds  # noqa: E402
 
 from h3director import native  # noqa: E402
@@ -183,7 +183,7 @@ def main() -> int:
         tables["memory"] = bench_memory(args, figures)
     print()
     for found in tables.values():
-        print(markdown(found) + "\n")
+        print(table_markdown(found) + "\n")
     write_results(args.out, "gguf_dequant", {k: v for k, v in vars(args).items() if k not in ("keep_files", "out")},
                   {"tables": tables, "figures": figures},
                   sources=("h3director/weights/dequant.py", "h3director/weights/dequant_torch.py",

@@ -30,7 +30,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from _results import markdown, table, write_results  # noqa: E402
+from _results import table, table_markdown, write_results  # noqa: E402
 from _timing import median_seconds  # noqa: E402
 
 from h3director import native  # noqa: E402
@@ -140,7 +140,7 @@ def main() -> int:
           f"{platform.processor() or 'cpu'}, numpy {np.__version__}, torch threads {torch.get_num_threads()}")
     tables = {"encode": bench_encode(args), "sizes": bench_sizes()}
     for found in tables.values():
-        print(markdown(found) + "\n")
+        print(table_markdown(found) + "\n")
     write_results(args.out, "gguf_quantize", {"shape": list(args.shape), "repeats": args.repeats, "types": args.types},
                   {"tables": tables}, sources=("h3director/weights/kquant.py", "h3director/weights/convert.py",
                                                "h3director/weights/dequant.py"))

@@ -16,6 +16,10 @@ PSNR (dB, over the frames between keyframes, values in [0, 1]) of the merge agai
 with and without flow warping, and of the undetailed originals.
 
     .venv/bin/python bench/keyframe_detail.py [--frames 121] [--width 640] [--height 360] [--n 5] [--shift 2 1]
+        [--slow-shift 0.2 0.1]
+
+The PSNR is also measured at `--slow-shift` (slow motion; quality only). Writes bench/results/keyframe_detail.json
+(`--out`): tables `ways` and `quality`, figures `readme` and `detailed` (README, KEYFRAMES.md, BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -28,9 +32,13 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
+from _results import table, table_markdown, write_results
 
 from h3director.video import detail_carry, keyframes
 from h3director.video.synthetic_motion import MovingScenes
+
+SOURCES = ("h3director/video/detail_carry.py", "h3director/video/keyframes.py", "h3director/video/optical_flow.py",
+           "h3director/video/synthetic_motion.py")
 
 
 class OracleDetailer:
@@ -73,6 +81,20 @@ def psnr_between(out_frames, truth: MovingScenes, skip: set[int]) -> float:
     return float(10 * np.log10(1.0 / (squared / count)))
 
 
+def quality(clip: MovingScenes, n: int) -> dict[str, float]:
+    """PSNR (dB) of the frames between keyframes (every `n`-th plus the last) against the detailed truth: carried
+    with and without flow warping, and the undetailed originals."""
+    originals = np.stack([clip.render(t) for t in range(clip.frames)])
+    indices = keyframes.every_n_indices(clip.frames, n)
+    detailed = np.stack([clip.render(t, detail=True) for t in indices])
+    skip = set(indices)
+    return {
+        "flow warp": psnr_between(detail_carry.carry_detail(originals, detailed, indices, flow_warp=True), clip, skip),
+        "no warp": psnr_between(detail_carry.carry_detail(originals, detailed, indices, flow_warp=False), clip, skip),
+        "no detail (originals)": psnr_between(iter(originals), clip, skip),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=121)
@@ -80,6 +102,8 @@ def main() -> int:
     parser.add_argument("--height", type=int, default=360)
     parser.add_argument("--n", type=int, default=5)
     parser.add_argument("--shift", type=float, nargs=2, default=(2.0, 1.0))
+    parser.add_argument("--slow-shift", type=float, nargs=2, default=(0.2, 0.1))
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "keyframe_detail.json")
     args = parser.parse_args()
     clip = MovingScenes(frames=args.frames, height=args.height, width=args.width, shift=tuple(args.shift))
     originals = np.stack([clip.render(t) for t in range(args.frames)])
@@ -124,25 +148,48 @@ def main() -> int:
         rows.append((label, detailer.frames_detailed, peak, time.perf_counter() - started))
 
     indices = keyframes.every_n_indices(args.frames, args.n)
-    detailed = np.stack([clip.render(t, detail=True) for t in indices])
-    skip = set(indices)
-    quality = {
-        "flow warp": psnr_between(detail_carry.carry_detail(originals, detailed, indices, flow_warp=True), clip, skip),
-        "no warp": psnr_between(detail_carry.carry_detail(originals, detailed, indices, flow_warp=False), clip, skip),
-        "no detail (originals)": psnr_between(iter(originals), clip, skip),
-    }
+    speeds = {tuple(args.shift): quality(clip, args.n)}
+    slow = MovingScenes(frames=args.frames, height=args.height, width=args.width, shift=tuple(args.slow_shift))
+    speeds[tuple(args.slow_shift)] = quality(slow, args.n)
+    full = rows[0]
+    ways = table(["way", "frames detailed", "host peak above the input (tracemalloc)", "peak / all frames", "wall"],
+                 [[label, count, f"{peak / 2**20:.1f} MiB ({peak / originals[0].nbytes:.1f} frames)",
+                   f"{peak / full[2]:.3f}", f"{seconds:.1f} s"] for label, count, peak, seconds in rows],
+                 f"{args.frames} frames {args.width}x{args.height} float32 RGB ({frame_mib:.2f} MiB a frame), moving "
+                 f"{tuple(args.shift)} px per frame, keyframes every {args.n} (plus the last), an oracle detailer; "
+                 "peaks above the moment each way starts, all ways in one process; wall times from a shared machine.")
+    def motion(shift):
+        return f"{shift[0]:g}, {shift[1]:g} px per frame"
+    qualities = table([f"carried detail, {args.frames - len(indices)} frames between {len(indices)} keyframes",
+                       *(f"PSNR vs all frames detailed, {motion(shift)}" for shift in speeds)],
+                      [[label, *(f"{speeds[shift][label]:.2f} dB" for shift in speeds)]
+                       for label in speeds[tuple(args.shift)]],
+                      "PSNR over the frames between keyframes against detailing every frame (the truth), values in "
+                      "[0, 1].")
+    fast = speeds[tuple(args.shift)]
+    speed = float(np.hypot(*args.shift))
+    by_name = {label: (count, peak) for label, count, peak, _ in rows}
+    streamed = by_name["keyframes -> uint8 .npy, streamed"][1] / full[2]
+    image = by_name["keyframes -> one IMAGE (Keyframe Merge node)"][1] / full[2]
+    readme = (f"On a {args.frames}-frame {args.width}x{args.height} clip moving {speed:.1f} px per frame "
+              f"(`bench/keyframe_detail.py`): {len(indices)} frames detailed instead of {args.frames}; the carried "
+              f"detail scores {fast['flow warp']:.1f} dB PSNR against detailing every frame with flow warping, "
+              f"{fast['no warp']:.1f} dB without ({fast['no detail (originals)']:.1f} dB with no detail at all); "
+              f"host memory is {streamed:.2f}x of detailing every frame when the frames stream to a file, but "
+              f"{image:.2f}x when the result is one ComfyUI IMAGE.")
+    detailed_figure = (f"{len(indices)} frames instead of {args.frames} (one frame in {args.n} plus the last: "
+                       f"{len(indices) / args.frames:.3f} of the frames)")
+    print(table_markdown(ways))
     print()
-    print("| way | frames detailed | host peak above the input (tracemalloc) | peak / all frames | wall |")
-    print("|---|---|---|---|---|")
-    for label, detailed_frames, peak, seconds in rows:
-        print(f"| {label} | {detailed_frames} | {peak / 2**20:.1f} MiB ({peak / originals[0].nbytes:.1f} frames) "
-              f"| {peak / rows[0][2]:.3f} | {seconds:.1f} s |")
+    print(table_markdown(qualities))
     print()
-    print(f"| carried detail, {args.frames - len(indices)} frames between {len(indices)} keyframes | PSNR vs all frames "
-          "detailed |")
-    print("|---|---|")
-    for label, value in quality.items():
-        print(f"| {label} | {value:.2f} dB |")
+    print(readme)
+    write_results(args.out, "keyframe_detail", {k: v for k, v in vars(args).items() if k != "out"},
+                  {"rows": [{"way": label, "frames_detailed": count, "peak_bytes": peak, "seconds": seconds}
+                            for label, count, peak, seconds in rows],
+                   "psnr": {f"{a:g},{b:g}": values for (a, b), values in speeds.items()},
+                   "tables": {"ways": ways, "quality": qualities},
+                   "figures": {"readme": readme, "detailed": detailed_figure}}, sources=SOURCES)
     return 0
 
 

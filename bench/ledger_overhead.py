@@ -16,6 +16,8 @@ against the prompt's wall time from ComfyUI's
 `execution_start` to its last status message. Timings are from one run on the machine it prints.
 
 Run:  .venv/bin/python bench/ledger_overhead.py [--prompts 6]
+
+Writes bench/results/ledger_overhead.json (`--out`): table `phases` (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ from comfy_harness.server import (  # noqa: E402
     write_tiny_vae_weights,
 )
 from comfy_harness.vendored import use_prepared_comfyui, why_unavailable  # noqa: E402
+
+sys.path.insert(0, str(REPO / "bench"))
+from _results import table, table_markdown, write_results  # noqa: E402
+
+SOURCES = ("h3director/comfy/prompt_ledger.py", "h3director/core/ledger.py", "h3director/core/tensor_owners.py")
 
 
 def decode_workflow(i: int) -> dict:
@@ -73,6 +80,7 @@ def prompt_seconds(entry: dict) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=6, help="prompts per phase (>= 3)")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "ledger_overhead.json")
     args = parser.parse_args()
     if args.prompts < 3:
         parser.error("--prompts must be at least 3")
@@ -98,20 +106,30 @@ def main() -> None:
                 jobs = ledger["jobs"][-args.prompts:]
                 rows.append((phase, walls, jobs, ledger["leaks"]))
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
-    print(f"Machine: {platform.node()}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"load average {load}; {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
-          f"--prompts {args.prompts}\n")
-    print("| phase | prompt wall (s), median | ledger wall (ms) per prompt, median / max | "
-          "ledger CPU (ms) per prompt, median / max | prompts with a suspected leak (collection) | leaks reported |")
-    print("|---|---|---|---|---|---|")
+    body, records = [], []
     for phase, walls, jobs, leaks in rows:
         wall = [1000 * job["overhead_s"] for job in jobs]
         cpu = [1000 * job["overhead_cpu_s"] for job in jobs]
         collected = sum(job["collected"] for job in jobs)
         keys = {job["key"] for job in jobs}
         found = [leak for leak in leaks if leak["key"] in keys]
-        print(f"| {phase} | {statistics.median(walls):.3f} | {statistics.median(wall):.1f} / {max(wall):.1f} | "
-              f"{statistics.median(cpu):.1f} / {max(cpu):.1f} | {collected} of {len(jobs)} | {len(found)} |")
+        body.append([phase, f"{statistics.median(walls):.3f}", f"{statistics.median(wall):.1f} / {max(wall):.1f}",
+                     f"{statistics.median(cpu):.1f} / {max(cpu):.1f}", f"{collected} of {len(jobs)}", len(found)])
+        records.append({"phase": phase, "prompt_walls_s": walls, "ledger_wall_ms": wall, "ledger_cpu_ms": cpu,
+                        "collected": collected, "leaks": len(found)})
+    phases = table(["phase", "prompt wall (s), median", "ledger wall (ms) per prompt, median / max",
+                    "ledger CPU (ms) per prompt, median / max", "prompts with a suspected leak (collection)",
+                    "leaks reported"], body,
+                   f"{args.prompts} prompts per phase in one vendored ComfyUI (`--cpu --cache-lru 64`); the ledger's "
+                   "own time per prompt from its accounting (wall, and CPU of the prompt worker thread) against the "
+                   f"prompt's wall time. Load average {load} when the run ended (a shared machine: the wall times "
+                   "include waits for a core).")
+    print(f"Machine: {platform.node()}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"load average {load}; {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+          f"--prompts {args.prompts}\n")
+    print(table_markdown(phases))
+    write_results(args.out, "ledger_overhead", {"prompts": args.prompts},
+                  {"phases": records, "load_average": load, "tables": {"phases": phases}}, sources=SOURCES)
 
 
 if __name__ == "__main__":

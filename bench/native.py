@@ -36,7 +36,7 @@ from functools import partial
 import numpy as np
 import torch
 from _gguf_blocks import random_blocks
-from _results import markdown, table, write_results
+from _results import table, table_markdown, write_results
 from _timing import best_seconds, median_seconds
 
 from h3director import native
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         tables[key] = section(args)
         print()
-        print(markdown(tables[key]))
+        print(table_markdown(tables[key]))
         sys.stdout.flush()
     if MEASURED:
         if "pack_frames" in MEASURED:
@@ -347,7 +347,7 @@ def fallback_table(measured: dict) -> dict:
 def render_results(path: str) -> str:
     """The fallback/C table of a results file, as markdown."""
     with open(path) as f:
-        return markdown(json.load(f)["tables"]["fallback"])
+        return table_markdown(json.load(f)["tables"]["fallback"])
 
 
 if __name__ == "__main__":

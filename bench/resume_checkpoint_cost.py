@@ -3,6 +3,9 @@
     .venv/bin/python bench/resume_checkpoint_cost.py [--width 1344 --height 768 --frames 124]
         [--repeats 10] [--dir FOLDER] [--gpu-tflops 989] [--out results.json]
 
+Writes bench/results/resume_checkpoint_cost.json (`--out`): table `cost`, figures `setup` and `digest` (RESUME.md,
+BENCHMARKS.md).
+
 Payloads are the sampler state `integrations/comfy_resume.py` saves, on the flat packed latent ComfyUI's
 sampler runs on (video [1, 24, T, H/16, W/16] plus audio [1, 32, 2, Ta], float32): euler = the latent;
 euler_ancestral = the latent and a CPU generator state; dpmpp_2m = the latent and the previous denoised
@@ -24,8 +27,6 @@ measures both on a GPU instead.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -40,6 +41,11 @@ sys.path.insert(0, str(REPO))
 from h3director import geometry  # noqa: E402
 from h3director.resume.checkpoint import CheckpointStore, SamplingCheckpoint  # noqa: E402
 from h3director.resume.fingerprint import tensor_digest  # noqa: E402
+
+sys.path.insert(0, str(REPO / "bench"))
+from _results import table, table_markdown, write_results  # noqa: E402
+
+SOURCES = ("h3director/resume/checkpoint.py", "h3director/resume/fingerprint.py", "h3director/geometry.py")
 
 H3_LAYERS, H3_HIDDEN, H3_ATTENTION, H3_FFN = 50, 5376, 56 * 128, 14336
 
@@ -87,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--dir", default=".")
     parser.add_argument("--gpu-tflops", type=float, default=989.0)
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "resume_checkpoint_cost.json"))
     args = parser.parse_args(argv)
 
     x = packed_latent(args.width, args.height, args.frames)
@@ -98,10 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     payloads = {"euler": {"latent": x},
                 "euler_ancestral": {"latent": x, "generator_state": torch.Generator().manual_seed(1).get_state()},
                 "dpmpp_2m": {"latent": x, "old_denoised": x.clone()}}
-    result = {"argv": sys.argv[1:] if argv is None else argv, "python": platform.python_version(),
-              "torch": torch.__version__, "machine": platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC",
-                                                                                                time.gmtime()),
-              "latent_shape": list(x.shape), "latent_bytes": x.numel() * 4, "packed_rows": rows,
+    result = {"latent_shape": list(x.shape), "latent_bytes": x.numel() * 4, "packed_rows": rows,
               "forward_tflop": round(flops / 1e12, 1), "gpu_tflops": args.gpu_tflops,
               "step_seconds_lower_bound": round(step_s, 3), "samplers": {}}
     began = time.perf_counter()
@@ -119,19 +122,26 @@ def main(argv: list[str] | None = None) -> int:
                 "durable_median_seconds": round(statistics.median(durable), 4), "durable_max_seconds": round(max(durable), 4),
                 "blocked_fraction_of_step": round(statistics.median(blocked) / step_s, 4),
                 "durable_fraction_of_step": round(statistics.median(durable) / step_s, 4)}
-    print(f"latent {list(x.shape)} float32 = {x.numel() * 4 / 2**20:.1f} MiB; {rows:,} packed rows; one forward "
-          f"{flops / 1e15:.2f} PFLOP -> {step_s:.2f} s per step at {args.gpu_tflops:g} TFLOPS (lower bound)")
-    print(f"key digest of the initial latent (once per run): {result['key_digest_seconds'] * 1e3:.1f} ms\n")
-    print("| sampler | checkpoint file | sampling thread blocked, median (max) | of one step | "
-          "written and fsynced, median (max) | of one step |")
-    print("|---|---|---|---|---|---|")
-    for name, row in result["samplers"].items():
-        print(f"| {name} | {row['file_bytes'] / 2**20:.1f} MiB | {row['blocked_median_seconds'] * 1e3:.1f} ms "
-              f"({row['blocked_max_seconds'] * 1e3:.1f}) | {row['blocked_fraction_of_step']:.2%} | "
-              f"{row['durable_median_seconds'] * 1e3:.0f} ms ({row['durable_max_seconds'] * 1e3:.0f}) | "
-              f"{row['durable_fraction_of_step']:.2%} |")
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    body = [[name, f"{row['file_bytes'] / 2**20:.1f} MiB",
+             f"{row['blocked_median_seconds'] * 1e3:.1f} ms ({row['blocked_max_seconds'] * 1e3:.1f})",
+             f"{row['blocked_fraction_of_step']:.2%}",
+             f"{row['durable_median_seconds'] * 1e3:.0f} ms ({row['durable_max_seconds'] * 1e3:.0f})",
+             f"{row['durable_fraction_of_step']:.2%}"] for name, row in result["samplers"].items()]
+    cost = table(["sampler", "checkpoint file", "sampling thread blocked, median (max)", "of one step",
+                  "written and fsynced, median (max)", "of one step"], body,
+                 f"{args.width}x{args.height}, {args.frames} frames, {args.repeats} saves per sampler after a warm-up, "
+                 f"on this machine's CPU and disk, against one step of {step_s:.2f} s (the FLOP count at "
+                 f"{args.gpu_tflops:g} TFLOPS, a lower bound: the fractions are upper bounds).")
+    setup = (f"{args.width}x{args.height}, {args.frames} frames (the flat float32 latent ComfyUI samples: "
+             f"{x.numel():,} values, {x.numel() * 4 / 2**20:.1f} MiB; {rows:,} packed rows, one forward "
+             f"{flops / 1e15:.2f} PFLOP, {step_s:.2f} s at {args.gpu_tflops:g} TFLOPS)")
+    digest = f"{result['key_digest_seconds'] * 1e3:.1f} ms"
+    print(setup)
+    print(f"key digest of the initial latent (once per run): {digest}\n")
+    print(table_markdown(cost))
+    write_results(args.out, "resume_checkpoint_cost", {k: v for k, v in vars(args).items() if k not in ("out", "dir")},
+                  {**result, "tables": {"cost": cost}, "figures": {"setup": setup, "digest": digest}},
+                  sources=SOURCES)
     return 0
 
 

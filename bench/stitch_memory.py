@@ -7,7 +7,9 @@ a fresh process so its peak resident set (VmHWM) is its own, stitches the first 
 blend, and checks the outputs with `compare_stitch`: every frame outside the overlaps byte-equal to the inputs'
 decoded frames and every sample outside the audio cross-fades equal.
 
-    .venv/bin/python bench/stitch_memory.py [--folder DIR] [--segments 6] [--frames 240]
+    .venv/bin/python bench/stitch_memory.py [--folder DIR] [--segments 6] [--frames 240] [--width 1344 --height 768]
+
+Writes bench/results/stitch_memory.json (`--out`): table `peaks` and figures `summary` (AV.md, BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -19,6 +21,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _results import table, table_markdown, write_results
+
+SOURCES = ("h3director/av/stitch.py", "h3director/av/timeline.py", "h3director/av/segment_audio.py",
+           "h3director/av/audio_end.py", "h3director/av/open_file.py", "h3director/av/stitch_check.py",
+           "h3director/av/chain_clips.py")
 
 # The peak is the process's VmHWM (/proc/self/status): ru_maxrss would not do, Linux carries it over execve
 # from the forking parent, which here holds the comparison's buffers.
@@ -43,6 +51,7 @@ def main() -> int:
     parser.add_argument("--frames", type=int, default=240)
     parser.add_argument("--width", type=int, default=1344)
     parser.add_argument("--height", type=int, default=768)
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "stitch_memory.json")
     args = parser.parse_args()
     from h3director.av.chain_clips import write_segment
     from h3director.av.stitch_check import compare_stitch
@@ -72,15 +81,35 @@ def main() -> int:
                          "samples_equal": check.samples_equal, "output_frames": check.output_frames})
             print(json.dumps(rows[-1]), flush=True)
             out.unlink()
-    print()
-    print("| blend | segments | output frames | host peak (VmHWM) | peak k / peak 2 | frames equal outside overlaps "
-          "| samples equal outside cross-fades | stitch time |")
-    print("|---|---|---|---|---|---|---|---|")
+    mib = 2 ** 20
+    body = []
     for row in rows:
         base = next(r for r in rows if r["blend"] == row["blend"] and r["segments"] == 2)
-        print(f"| {row['blend']} | {row['segments']} | {row['output_frames']} | {row['peak_rss'] / 2**20:.0f} MiB "
-              f"| {row['peak_rss'] / base['peak_rss']:.3f} | {row['frames_equal']}/{row['frames_checked']} "
-              f"| {row['samples_equal']}/{row['samples_checked']} | {row['seconds']:.0f} s |")
+        body.append([row["blend"], row["segments"], f"{row['output_frames']:,}", f"{row['peak_rss'] / mib:.0f} MiB",
+                     f"{row['peak_rss'] / base['peak_rss']:.3f}", f"{row['frames_equal']:,} / {row['frames_checked']:,}",
+                     f"{row['samples_equal']:,} / {row['samples_checked']:,}", f"{row['seconds']:.0f} s"])
+    after_imports = max(r["rss_after_imports"] for r in rows) / mib
+    note = (f"{args.segments} segments of {args.frames} frames at {args.width}x{args.height}, 24 fps, 22-frame overlaps, "
+            "32 kHz stereo int16 sound; each stitch in a fresh process, `h264-lossless` (ultrafast) + PCM. Host peak = "
+            f"the process's VmHWM (about {after_imports:.0f} MiB of it after the imports); the ratio compares it with "
+            "the same blend at 2 segments. Frames and samples are compared with the inputs' decoded ones, "
+            "outside the overlaps (frames) and the audio cross-fades (samples). Stitch time is from a shared machine.")
+    peaks = table(["blend", "segments", "output frames", "host peak (VmHWM)", "peak / peak at 2 segments",
+                   "frames equal outside the overlaps", "samples equal outside the cross-fades", "stitch time"],
+                  body, note)
+    at = {(r["blend"], r["segments"]): r for r in rows}
+    ratio = {b: at[(b, args.segments)]["peak_rss"] / at[(b, 2)]["peak_rss"] for b in ("cut", "crossfade")}
+    exact = all(r["frames_equal"] == r["frames_checked"] and r["samples_equal"] == r["samples_checked"] for r in rows)
+    summary = (f"host peak {at[('cut', args.segments)]['peak_rss'] / mib:.0f} MiB with `cut`, "
+               f"{at[('crossfade', args.segments)]['peak_rss'] / mib:.0f} MiB with `crossfade` at {args.segments} "
+               f"segments of {args.frames} frames {args.width}x{args.height}; {args.segments}-segment / 2-segment peak "
+               f"{ratio['cut']:.3f} and {ratio['crossfade']:.3f}; "
+               + ("every frame and sample outside the overlaps equal" if exact
+                  else "NOT every frame and sample outside the overlaps equal"))
+    print(table_markdown(peaks))
+    print(summary)
+    write_results(args.out, "stitch_memory", {k: v for k, v in vars(args).items() if k not in ("folder", "out")},
+                  {"rows": rows, "tables": {"peaks": peaks}, "figures": {"summary": summary}}, sources=SOURCES)
     return 0
 
 

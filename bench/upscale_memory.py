@@ -12,7 +12,13 @@ models/upscale_models. Each pipeline then runs in a fresh ComfyUI server (`--cpu
 The peak is the server process's VmHWM (/proc/PID/status) read after the prompt; "idle" is its VmRSS after start-up,
 before the prompt; "prompt" = peak - idle. Needs the prepared ComfyUI (scripts/setup.sh, `.comfy/ready`):
 
-    .venv/bin/python bench/upscale_memory.py [--frames 24 240] [--width 256 --height 192] [--json]
+    .venv/bin/python bench/upscale_memory.py [--frames 24 240] [--width 256 --height 192]
+        [--large-frames 48 --large-width 960 --large-height 540] [--json]
+
+`--large-frames N` adds a run of the three pipelines on an N-frame clip at the large size, where what the upscale
+holds outweighs the idle server. Writes bench/results/upscale_memory.json (`--out`): tables `small` and `large`,
+figures `flat` and `large_ratio` (UPSCALE.md,
+BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -31,6 +37,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "tests" / "comfy_harness"))
 
+sys.path.insert(0, str(REPO / "bench"))
+from _results import table, table_markdown, write_results  # noqa: E402
+
+SOURCES = ("h3director/comfy/nodes_upscale.py", "h3director/video/upscale.py", "h3director/video/upscale_stages.py",
+           "h3director/video/upscale_tiles.py", "h3director/video/upscale_sources.py",
+           "h3director/video/upscale_audio.py", "h3director/video/sinks_video.py",
+           "h3director/integrations/spandrel_models.py")
 MODEL = "compact_x2.safetensors"
 PIPELINES = ("node (file in)", "node (IMAGE in)", "core")
 
@@ -97,7 +110,11 @@ def main() -> int:
     parser.add_argument("--height", type=int, default=192)
     parser.add_argument("--fps", type=int, default=24)
     parser.add_argument("--folder", default=None, help="work folder (default: a temporary one)")
+    parser.add_argument("--large-frames", type=int, default=0, help="frames of the large-size run (0: none)")
+    parser.add_argument("--large-width", type=int, default=960)
+    parser.add_argument("--large-height", type=int, default=540)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "upscale_memory.json")
     args = parser.parse_args()
 
     from vendored import use_prepared_comfyui, why_unavailable
@@ -111,29 +128,53 @@ def main() -> int:
     base = prepare_base(folder / "base", ["models/upscale_models"])
     subprocess.run([comfyui_python(), str(REPO / "tests/comfy_harness/upscale_models.py"), "write",
                     str(base / "models/upscale_models")], check=True, cwd=REPO)
-    for frames in args.frames:
-        _clip(base / "input" / f"clip_{frames}.mp4", frames, args.width, args.height, args.fps)
-    rows = [_run(base, pipeline, f"clip_{frames}.mp4", float(args.fps))
-            for frames in args.frames for pipeline in PIPELINES]
+    clips = [(f"clip_{frames}.mp4", frames, args.width, args.height) for frames in args.frames]
+    if args.large_frames:
+        clips.append((f"large_{args.large_frames}.mp4", args.large_frames, args.large_width, args.large_height))
+    for name, frames, width, height in clips:
+        _clip(base / "input" / name, frames, width, height, args.fps)
+    rows = [{**_run(base, pipeline, name, float(args.fps)), "frames": frames, "size": [width, height]}
+            for name, frames, width, height in clips for pipeline in PIPELINES]
+    small = [r for r in rows if r["clip"].startswith("clip_")]
+    large = [r for r in rows if r["clip"].startswith("large_")]
+    mib = 2 ** 20
+    first = {r["pipeline"]: r["peak"] for r in small if r["frames"] == args.frames[0]}
+    last = {r["pipeline"]: r for r in small if r["frames"] == args.frames[-1]}
+    model = "Compact x2 (random init), each pipeline in a fresh ComfyUI server (`--cpu --cache-none`), one prompt"
+    tables = {"small": table(
+        ["pipeline", "frames", "server idle", "server peak (VmHWM)", "prompt (peak - idle)",
+         f"peak / peak at {args.frames[0]}", "seconds"],
+        [[r["pipeline"], r["frames"], f"{r['idle'] / mib:,.0f} MiB", f"{r['peak'] / mib:,.0f} MiB",
+          f"{r['prompt'] / mib:,.0f} MiB", f"{r['peak'] / first[r['pipeline']]:.3f}", f"{r['seconds']:.1f}"]
+         for r in small],
+        f"{args.width}x{args.height} -> {2 * args.width}x{2 * args.height}, {model}. At {args.frames[-1]} frames, "
+        + "; ".join(f"{p} / core: peak {last[p]['peak'] / last['core']['peak']:.3f}, prompt "
+                    f"{last[p]['prompt'] / last['core']['prompt']:.3f}" for p in PIPELINES[:2])
+        + ". Seconds include loading the model, on a shared machine: not a speed claim.")}
+    figures = {"flat": f"{last['node (file in)']['peak'] / first['node (file in)']:.3f}x from {args.frames[0]} to "
+                       f"{args.frames[-1]} frames ({args.width}x{args.height} -> {2 * args.width}x{2 * args.height})"}
+    if large:
+        core = next(r for r in large if r["pipeline"] == "core")
+        tables["large"] = table(
+            ["pipeline", "frames", "server idle", "server peak (VmHWM)", "prompt (peak - idle)", "peak / core's",
+             "seconds"],
+            [[r["pipeline"], r["frames"], f"{r['idle'] / mib:,.0f} MiB", f"{r['peak'] / mib:,.0f} MiB",
+              f"{r['prompt'] / mib:,.0f} MiB", f"{r['peak'] / core['peak']:.3f}", f"{r['seconds']:.1f}"] for r in large],
+            f"{args.large_width}x{args.large_height} -> {2 * args.large_width}x{2 * args.large_height}, {model}.")
+        node = next(r for r in large if r["pipeline"] == "node (file in)")
+        figures["large_ratio"] = (f"at {args.large_frames} frames of {args.large_width}x{args.large_height} -> "
+                            f"{2 * args.large_width}x{2 * args.large_height}, {node['peak'] / core['peak']:.3f}x of the "
+                            f"core chain's ({node['peak'] / mib:,.0f} vs {core['peak'] / mib:,.0f} MiB for the whole "
+                            f"server process; prompt {node['prompt'] / core['prompt']:.3f}x)")
+    write_results(args.out, "upscale_memory", {k: v for k, v in vars(args).items() if k not in ("out", "folder", "json")},
+                  {"rows": rows, "tables": tables, "figures": figures}, sources=SOURCES)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    mib = 2 ** 20
-    print(f"{args.width}x{args.height} -> {2 * args.width}x{2 * args.height}, Compact x2 (random init), ComfyUI --cpu")
-    print("| pipeline | frames | server idle | server peak (VmHWM) | prompt (peak - idle) | peak / peak at "
-          f"{args.frames[0]} | seconds |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    first = {r["pipeline"]: r["peak"] for r in rows if r["clip"] == f"clip_{args.frames[0]}.mp4"}
-    for r in rows:
-        frames = r["clip"].split("_")[1].split(".")[0]
-        print(f"| {r['pipeline']} | {frames} | {r['idle'] / mib:.0f} MiB | {r['peak'] / mib:.0f} MiB | "
-              f"{r['prompt'] / mib:.0f} MiB | {r['peak'] / first[r['pipeline']]:.3f} | {r['seconds']:.1f} |")
-    last = {r["pipeline"]: r for r in rows if r["clip"] == f"clip_{args.frames[-1]}.mp4"}
-    core = last["core"]
-    for pipeline in PIPELINES[:2]:
-        ours = last[pipeline]
-        print(f"{pipeline} / core at {args.frames[-1]} frames: peak {ours['peak'] / core['peak']:.3f}, "
-              f"prompt {ours['prompt'] / core['prompt']:.3f}")
+    for found in tables.values():
+        print(table_markdown(found))
+        print()
+    print("\n".join(figures.values()))
     return 0
 
 

@@ -12,6 +12,7 @@ a table (rendered as a markdown table, its note, and where the numbers come from
 line, for a sentence of the document). Nobody edits a block by hand.
 
     python scripts/render_docs.py           rewrite every block from its results file
+    python scripts/render_docs.py --stale   print the benches whose results are missing or stale
     python scripts/render_docs.py --check   change nothing; exit 1 naming every block that differs from its
                                             results file, every results file that is missing, and every one
                                             older than the code it describes (the code of one of its sources,
@@ -38,6 +39,9 @@ RESULTS = REPO / "bench" / "results"
 # what the ComfyUI decode bench measures: the streaming node and what it runs
 COMFY_DECODE_SOURCES = ("h3director/comfy/nodes_decode.py", "h3director/integrations/comfy_vae.py", "h3director/video",
                         "bench/comfy_decode_memory.py")
+# what the A/V accuracy bench measures: `measure_file` and what it reads with, and the clips it writes
+AVSYNC_SOURCES = tuple(f"h3director/av/{name}.py" for name in ("measure", "onsets", "envelopes", "media", "open_file",
+                                                                "synthetic")) + ("bench/avsync_accuracy.py",)
 DOCUMENTS = ("README.md", "docs/*.md")
 BLOCK = re.compile(r"(<!-- rendered: ([a-z0-9_]+(?:/[a-z0-9_]+)?) -->\n)(.*?)(<!-- /rendered -->)", re.S)
 
@@ -121,7 +125,7 @@ def _generic(key: str) -> Callable[[dict], str]:
         if found is None:
             known = sorted({*(data.get("tables") or {}), *(data.get("figures") or {})})
             raise KeyError(f"no table or figure {key!r} in bench/results/{data['bench']}.json (has: {', '.join(known)})")
-        return _bench_module("_results").markdown(found) + "\n\n" + _provenance(data)
+        return _bench_module("_results").table_markdown(found) + "\n\n" + _provenance(data)
     return render
 
 
@@ -149,8 +153,7 @@ RENDERERS: dict[str, Renderer] = {
                                  _planner_external),
     "planner_external_counts": Renderer("planner_external.json", ("h3director/plan", "bench/planner_external.py"),
                                         _planner_external_counts),
-    "avsync_accuracy": Renderer("avsync_accuracy.json", ("h3director/av", "bench/avsync_accuracy.py"),
-                                _avsync_accuracy),
+    "avsync_accuracy": Renderer("avsync_accuracy.json", AVSYNC_SOURCES, _avsync_accuracy),
     "comfy_decode_memory": Renderer("comfy_decode_memory.json", COMFY_DECODE_SOURCES, _comfy_decode_memory),
     "comfy_decode_memory_ratio": Renderer("comfy_decode_memory.json", COMFY_DECODE_SOURCES, _comfy_decode_memory_ratio),
     "shared_read_copies": Renderer("shared_read_copies.json", ("h3director/core/shared_store.py",
@@ -301,10 +304,30 @@ def render_all(check: bool) -> list[str]:
     return problems
 
 
+def stale_benches() -> list[str]:
+    """The benches (results file stems) whose results some document renders and that are missing or stale."""
+    names = set()
+    for path in documents():
+        for match in BLOCK.finditer(path.read_text()):
+            renderer = renderer_for(match.group(2))
+            if renderer is None:
+                continue
+            results = RESULTS / renderer.results
+            if not results.is_file() or staleness(match.group(2), json.loads(results.read_text())) is not None:
+                names.add(renderer.results.removesuffix(".json"))
+    return sorted(names)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 on any difference")
+    parser.add_argument("--stale", action="store_true",
+                        help="change nothing; print the bench of every results file that is missing or stale, one "
+                             "per line (for scripts/run_rendered_benches.sh)")
     args = parser.parse_args(argv)
+    if args.stale:
+        print("\n".join(stale_benches()))
+        return 0
     problems = render_all(args.check)
     for line in problems:
         print(line)

@@ -204,3 +204,54 @@ def test_the_join_keeps_the_level_of_matching_and_of_unrelated_sound(tmp_path, r
     reference = first[:join]
     gain_db = 10 * np.log10(np.mean(middle ** 2) / np.mean(reference ** 2))
     assert abs(gain_db) < 0.5, gain_db          # equal power on matching sound would read about +3 dB
+
+
+def _decoded_samples(path):
+    """Samples per channel FFmpeg's decoder (PyAV, no trimming of ours) returns from the file's first audio stream."""
+    import av
+
+    with av.open(str(path)) as c:
+        return sum(f.samples for f in c.decode(c.streams.audio[0]))
+
+
+@pytest.fixture(scope="module")
+def chain48(tmp_path_factory):
+    """A 48 kHz chain: 136 output frames = 272,000 samples = 5.6667 s, not a whole number of milliseconds."""
+    return _chain(tmp_path_factory.mktemp("chain48"), (56, 73, 51), rate=48_000)
+
+
+def test_aac_in_matroska_decodes_to_exactly_the_stated_samples(chain48, tmp_path):
+    """The encoder pads the last AAC frame to 1024 samples; the padding is signalled (DiscardPadding) and FFmpeg's
+    own decoder drops it, so a plain PyAV decode returns exactly the report's samples."""
+    report = stitch_files(chain48, tmp_path / "aac.mkv", OV, blend="cut", video_codec="h264", audio_codec="aac",
+                          preset="ultrafast")
+    assert report.samples == sample_at(136, Fraction(24), 48_000) == 272_000
+    assert 0 < report.audio_end_padding < 1024                  # 272,000 is not a multiple of 1024
+    assert _decoded_samples(report.path) == report.samples == report.decoded_samples
+
+
+@pytest.mark.parametrize("ext", [".mp4", ".mov"])
+def test_aac_in_mp4_states_its_exact_length_and_the_report_says_what_ffmpeg_decodes(chain48, tmp_path, ext):
+    """MP4 carries the exact length in the edit list (movie timescale in whole samples; at the default 1 ms it
+    would round 5.6667 s down by 32 samples); h3director's reader honours it, FFmpeg's decoder returns the last
+    frame whole, which the report states."""
+    import av
+
+    report = stitch_files(chain48, tmp_path / f"aac{ext}", OV, blend="cut", video_codec="h264", audio_codec="aac",
+                          preset="ultrafast")
+    with av.open(str(report.path)) as c:
+        stream = c.streams.audio[0]
+        assert stream.duration * stream.time_base * 48_000 == report.samples == 272_000
+        assert sum(1 for p in c.demux(c.streams.video[0]) if p.size) == report.frames == 136
+    reader = SampleReader(report.path)
+    reader.read(report.samples)
+    assert reader.padded == 0 and reader.read(1).shape[1] == 1 and reader.padded == 1    # nothing beyond
+    reader.close()
+    assert 0 < report.audio_end_padding < 1024
+    assert _decoded_samples(report.path) == report.decoded_samples == report.samples + report.audio_end_padding
+
+
+def test_lossless_audio_has_no_end_padding(chain, tmp_path):
+    report = stitch_files(chain, tmp_path / "pcm.mkv", OV, blend="cut", video_codec="ffv1")
+    assert report.audio_end_padding == 0
+    assert _decoded_samples(report.path) == report.decoded_samples == report.samples

@@ -11,7 +11,10 @@
   overlapping soundtracks are correlated (>= `timeline.CORRELATED`, as a segment conditioned on the previous
   one's last frames often is: equal power would make matching sound 3 dB louder mid-join), else with equal
   power (cos/sin) (`timeline.fade_gains`);
-  the output soundtrack is as long as the picture (`Timeline.total_samples`).
+  the output soundtrack is as long as the picture (`Timeline.total_samples`), to the sample: with AAC the last
+  frame's encoder padding is signalled (`audio_end`): in .mkv FFmpeg's decoder drops it, in .mp4/.mov the edit
+  list states the exact length (players honouring edit lists stop there; FFmpeg's plain decode returns
+  `StitchReport.audio_end_padding` samples more).
 
 Outside the overlaps every frame is the decoder's frame, passed to the encoder in its own pixel format, and every
 sample is the decoder's sample in its own type: with a lossless codec (`video_codec="h264-lossless"` or
@@ -38,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from h3director.av.audio_end import TRIMS_END_IN_DECODER, mark_end_padding, movie_timescale
 from h3director.av.open_file import import_av, open_input
 from h3director.av.segment_audio import SampleReader, count_samples
 from h3director.av.timeline import Timeline, check_chain, fade_gains, sample_at, video_weight
@@ -72,9 +76,13 @@ class SegmentInfo:
 
 @dataclass
 class StitchReport:
-    """What `stitch_files` wrote: the final path, frames, samples per channel, the codecs, and the silence
-    padded at the end of each segment's audio (samples; a segment may miss up to one frame of sound), and the law
-    of each join's audio cross-fade ("linear" or "equal power", `timeline.fade_gains`)."""
+    """What `stitch_files` wrote: the final path, frames, samples per channel (the sound's exact length, as the
+    file signals it), the codecs, the silence padded at the end of each segment's audio (samples; a segment may
+    miss up to one frame of sound), the law of each join's audio cross-fade ("linear" or "equal power",
+    `timeline.fade_gains`), and the encoder's padding after the sound's end (`audio_end_padding`, samples; 0
+    for PCM and FLAC) with `decoded_samples`, what FFmpeg's decoder (PyAV) returns from the file: `samples` where
+    the container lets it drop that padding (.mkv), ``samples + audio_end_padding`` in .mp4/.mov, whose edit list
+    states `samples` for players that honour it."""
 
     path: Path
     frames: int
@@ -87,6 +95,8 @@ class StitchReport:
     pix_fmt: str
     audio_padded: list[int] = field(default_factory=list)
     audio_fades: list[str] = field(default_factory=list)
+    audio_end_padding: int = 0
+    decoded_samples: int = 0
 
 
 def inspect_segment(path: str | os.PathLike) -> SegmentInfo:
@@ -240,8 +250,12 @@ class _AudioOut:
                         self.readers[seg].close()
                 self.region += 1
 
-    def flush(self) -> None:
-        self.mux(self.stream.encode(None))
+    def flush(self) -> int:
+        """Drain the encoder, marking the last packet's end padding (`audio_end.mark_end_padding`); returns it."""
+        packets = self.stream.encode(None)
+        padding = mark_end_padding(packets, self.stream.codec_context.frame_size, self.rate)
+        self.mux(packets)
+        return padding
 
     def close(self) -> None:
         for reader in self.readers:
@@ -330,7 +344,9 @@ def stitch_files(paths: Sequence[str | os.PathLike], out: str | os.PathLike, ove
     av = import_av()
     temp = temporary_path(final, "partial")
     remove_quietly(temp)
-    container = av.open(str(temp), mode="w", format=CONTAINERS[final.suffix.lower()])
+    fmt = CONTAINERS[final.suffix.lower()]
+    muxer = {} if fmt == "matroska" else {"movie_timescale": str(movie_timescale(first.rate, first.fps))}
+    container = av.open(str(temp), mode="w", format=fmt, options=muxer)
     audio_out = None
     try:
         video = container.add_stream(encoder, rate=first.fps, options=options)
@@ -383,7 +399,7 @@ def stitch_files(paths: Sequence[str | os.PathLike], out: str | os.PathLike, ove
                 raise InvalidInputError(f"{info.path}: {info.frames} video packets but {seen} frames decode")
         audio_out.until(timeline.total_samples)
         mux(video.encode(None))
-        audio_out.flush()
+        end_padding = audio_out.flush()
         audio_out.close()
         container.close()
         container = None
@@ -403,7 +419,8 @@ def stitch_files(paths: Sequence[str | os.PathLike], out: str | os.PathLike, ove
     return StitchReport(path=final, frames=timeline.total_frames, samples=timeline.total_samples, segments=k,
                         overlap=overlap, blend=blend, video_codec=video_codec, audio_codec=audio_codec,
                         pix_fmt=pix_fmt, audio_padded=audio_out.padded,
-                        audio_fades=audio_out.fades)
+                        audio_fades=audio_out.fades, audio_end_padding=end_padding,
+                        decoded_samples=timeline.total_samples + (0 if fmt in TRIMS_END_IN_DECODER else end_padding))
 
 
 __all__ = ["AUDIO_CODECS", "BLENDS", "VIDEO_CODECS", "SegmentInfo", "StitchReport", "inspect_segment",

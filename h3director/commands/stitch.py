@@ -1,8 +1,9 @@
 """`h3director stitch SEG1 SEG2 ... --overlap 22 [--blend cut|crossfade] --out OUT.mp4`.
 
 Joins chained segments that share `--overlap` frames into one file, streaming (see `h3director.av.stitch`):
-``sum(frames) - (k - 1) x overlap`` frames, audio joined at the overlap's first frame with an equal-power
-cross-fade over the overlap. `--codec h264-lossless` or `ffv1` (.mkv) with `--audio-codec pcm` keep every
+``sum(frames) - (k - 1) x overlap`` frames, audio joined at the overlap's first frame and cross-faded over the
+overlap (linear where the overlapping sound is correlated, else equal power), as long as the picture to the sample
+(AAC's end padding signalled: see `h3director.av.audio_end`). `--codec h264-lossless` or `ffv1` (.mkv) with `--audio-codec pcm` keep every
 frame and sample outside the overlaps exactly as decoded from the inputs.
 """
 
@@ -90,7 +91,9 @@ def run(args) -> int:
           f"({report.overlap}-frame overlaps, {report.blend}), {report.samples} audio samples per channel, "
           f"{report.video_codec} {report.pix_fmt} + {report.audio_codec}"
           + (f"; {padded} samples of silence padded at segment ends" if padded else "")
-          + (f"; audio cross-fades: {', '.join(report.audio_fades)}" if report.audio_fades else ""))
+          + (f"; audio cross-fades: {', '.join(report.audio_fades)}" if report.audio_fades else "")
+          + (f"; FFmpeg's decoder returns {report.decoded_samples} (the last AAC frame whole: the edit list states "
+             f"{report.samples})" if report.decoded_samples != report.samples else ""))
     return 0
 
 
