@@ -49,7 +49,7 @@ def import_comfy(comfy_dir: str | None = None, cpu: bool = True):
         raise SystemExit(f"ComfyUI not found at {comfy_dir}: run scripts/setup_comfyui.sh or set COMFYUI_DIR")
     missing = [name for name in ("torchvision", "torchaudio") if importlib.util.find_spec(name) is None]
     if missing:     # ComfyUI imports them at module level for other models; the test harness's raising stand-ins
-        sys.path.insert(0, str(REPO / "tests" / "comfy_harness"))
+        sys.path.insert(0, str(REPO / "fixtures" / "comfy_harness"))
         from dit_worker import _UnavailableFinder
 
         sys.meta_path.insert(0, _UnavailableFinder(missing))
@@ -147,7 +147,7 @@ class KJNodes:
     """KJNodes' H3 nodes (`MiniMaxLowVRAMAttention`, `MiniMaxChunkFeedForward`) from a checkout at `path`."""
 
     def __init__(self, path: str | Path, custom_nodes: Path):
-        sys.path.insert(0, str(REPO / "tests"))
+        sys.path.insert(0, str(REPO / "fixtures"))
         try:
             from comfy_harness.packs import load_pack_module
         finally:

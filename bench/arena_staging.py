@@ -3,7 +3,7 @@
     .venv/bin/python bench/arena_staging.py [--clips 8] [--frames 17] [--size 1344x768] [--repeats 3]
 
 The staging is the one host buffer per clip a streaming decode to MP4 fills (`VideoFileSink.write` ->
-`video.pixels.uint8_pixels` -> `native.pack_frames`): ``frames x H x W x 3`` bytes, written once and handed to
+`video.sinks.pixels.uint8_pixels` -> `native.pack_frames`): ``frames x H x W x 3`` bytes, written once and handed to
 the encoder. Without a CPU slot pool (the usual case: the pool lives on the decoder's GPU) it is a fresh
 allocation per clip. This bench packs the same float32 clip (random values in the decoder's range) `--clips`
 times per mode, each mode in its own process with glibc's default (dynamic) mmap threshold, as inside ComfyUI:
@@ -35,8 +35,8 @@ import json, sys, time
 import torch
 from h3director import native
 from h3director.core.devices import process_rss_bytes
-from h3director.video.pixels import uint8_pixels
-from h3director.video.sink import StreamSpec
+from h3director.video.sinks.pixels import uint8_pixels
+from h3director.video.sinks.contract import StreamSpec
 
 mode, clips, frames, width, height = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 torch.set_num_threads(1)

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/avsync_accuracy.py [--seconds 8] [--seeds 1] [--out bench/results/avsync_accuracy.json]
 
-The set (`h3director.av.synthetic`, 24 fps, 32 kHz, 96x64, picture and sound noise):
+The set (`fixtures/synthetic_av.py`, 24 fps, 32 kHz, 96x64, picture and sound noise):
 
 * beep-and-flash: every flash shape ("step" drawn on 1, 3 or 6 frames; "fade"; "smooth" raised-cosine rise) against
   every tone shape ("step" tone burst of 100, 200 or 400 ms; "smooth" attack; decaying noise "click");
@@ -26,16 +26,16 @@ from pathlib import Path
 import numpy as np
 
 from h3director.av.measure import measure_file
-from h3director.av.synthetic import (
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1] / "fixtures")]
+from _results import write_results  # noqa: E402
+from synthetic_av import (  # noqa: E402
     FLASH_SHAPES,
     TONE_SHAPES,
     beep_flash_tracks,
     synthetic_tracks,
     write_clip,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import write_results  # noqa: E402
 
 FPS, RATE, SIZE = 24.0, 32000, (96, 64)
 LENGTHS = ((1, 100.0), (3, 200.0), (6, 400.0))       # (flash frames, tone burst ms)

@@ -10,7 +10,7 @@ own modules on the CPU (`--cpu`):
 - streaming: `H3DirectorDecodeAVStreaming` in `video_file` mode (same VAE object, same latent).
 
 The VAE is ComfyUI's `MiniMaxH3VideoVAE` at small widths with random weights
-(`tests/comfy_harness/real_comfy.py`): decode compute is small, so the numbers isolate what grows
+(`fixtures/comfy_harness/real_comfy.py`): decode compute is small, so the numbers isolate what grows
 with video length, the host-side buffers. "decode+save" is the process's peak RSS during the decode and save
 minus its RSS just before: the high-water mark (VmHWM) is reset to the current RSS before decoding
 (`h3director.core.devices.reset_peak_rss`, as bench/decode_memory.py does), so what set up the model cannot
@@ -42,7 +42,7 @@ def _child(mode: str, latent_frames: int, height: int, width: int, workdir: str)
     import comfy.options
 
     comfy.options.enable_args_parsing()
-    spec = importlib.util.spec_from_file_location("h3_real_comfy", REPO / "tests/comfy_harness/real_comfy.py")
+    spec = importlib.util.spec_from_file_location("h3_real_comfy", REPO / "fixtures/comfy_harness/real_comfy.py")
     real_comfy = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(real_comfy)
     real_comfy.apply_tiny_shapes()

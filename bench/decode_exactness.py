@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from _results import table, table_markdown, write_results
 
+from h3director.commands.demo_vaes import tiny_h3_audio_vae, tiny_h3_vae
 from h3director.integrations.diffusers_h3 import H3VideoAdapter, denormalize_video
 from h3director.integrations.diffusers_h3_audio import H3AudioAdapter, context_latents, decoder_influence
-from h3director.integrations.tiny import tiny_h3_audio_vae, tiny_h3_vae
 from h3director.video.scheduler import stream_decode
 from h3director.video.sinks import TensorSink
 

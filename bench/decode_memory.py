@@ -13,7 +13,7 @@ and "cpu" (user + system seconds of the process) cover the decode alone.
 Modes, all on the same seeded latents through the same model object:
 
 - `stock`: diffusers' H3 decode path, `vae.decode` of the whole latent, then the pipeline's
-  post-processing to uint8 frames (`h3director.integrations.stock_h3`);
+  post-processing to uint8 frames (`h3director.commands.demo_stock`);
 - `stock-mp4`: that, then diffusers' own PyAV writer (`diffusers.utils.export_utils.encode_video`:
   libx264, CRF 23, preset medium, yuv420p);
 - `director-uint8`: `stream_decode` into `Uint8FrameSink` (the uint8 video in RAM);
@@ -73,12 +73,12 @@ def _fingerprint(frames) -> str:
 def _worker(mode: str, frames: int, width: int, height: int, threads: int, workdir: str) -> dict:
     import torch
 
+    from h3director.commands.demo_stock import stock_uint8_frames, stock_video_decode
+    from h3director.commands.demo_vaes import tiny_h3_vae
     from h3director.core.devices import peak_rss_bytes, process_rss_bytes, reset_peak_rss
     from h3director.core.host_heap import pin_decode_threshold, release_free_heap
     from h3director.geometry import latent_frames_for
     from h3director.integrations.load_vae import video_adapter_for
-    from h3director.integrations.stock_h3 import stock_uint8_frames, stock_video_decode
-    from h3director.integrations.tiny import tiny_h3_vae
     from h3director.video.scheduler import stream_decode
     from h3director.video.sinks import Uint8FrameSink, VideoFileSink
 

@@ -3,7 +3,7 @@
     .venv/bin/python bench/farm_overhead.py [--jobs 16] [--size 256] [--frames 39] [--rounds 2]
 
 Both sides use the same ComfyUI (the vendored snapshot in `.comfy/`, `--cpu`, the tiny H3 VAEs of
-`tests/comfy_harness/farm_base.py`) and the same job: an empty H3 AV latent decoded to an MP4 by
+`fixtures/comfy_harness/farm_base.py`) and the same job: an empty H3 AV latent decoded to an MP4 by
 `H3DirectorDecodeAVStreaming`, each job with its own output prefix (as the farm gives it) and the same
 settings (the farm's first rung that the worker fits, e.g. the decode node's `budget_gb`).
 
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "fixtures"))
 os.environ.setdefault("COMFYUI_DIR", str(REPO / ".comfy" / "ComfyUI"))
 os.environ.setdefault("COMFYUI_PYTHON", str(REPO / ".comfy" / "venv" / "bin" / "python"))
 os.environ["OMP_NUM_THREADS"] = "1"   # what Ray gives its workers by default; the direct server gets the same

@@ -1,6 +1,6 @@
 """Keyframe detailing vs detailing every frame: detailer calls, host peak memory, and PSNR of the carried detail.
 
-Content: `h3director.video.synthetic_motion.MovingScenes` (a smooth texture translating `--shift` px per frame,
+Content: `MovingScenes` (fixtures/synthetic_motion.py) (a smooth texture translating `--shift` px per frame,
 one scene, float32 RGB) and its known detail layer. The "detailer" is an oracle that returns the detailed truth
 of each frame it is given (the all-frames-detailed result is therefore the truth itself), so the PSNR measures
 only what carrying the detail from keyframes loses. Keyframes: every `--n`-th frame plus the last.
@@ -35,10 +35,12 @@ import numpy as np
 from _results import table, table_markdown, write_results
 
 from h3director.video import detail_carry, keyframes
-from h3director.video.synthetic_motion import MovingScenes
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+from synthetic_motion import MovingScenes  # noqa: E402
 
 SOURCES = ("h3director/video/detail_carry.py", "h3director/video/keyframes.py", "h3director/video/optical_flow.py",
-           "h3director/video/synthetic_motion.py")
+           "fixtures/synthetic_motion.py")
 
 
 class OracleDetailer:

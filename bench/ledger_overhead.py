@@ -1,6 +1,6 @@
 """What the per-prompt memory ledger costs in a real ComfyUI (vendored, --cpu), from its own accounting.
 
-Starts ComfyUI with the pack and the ledger's test nodes (`tests/comfy_harness/ledger_real_node`, the tiny H3
+Starts ComfyUI with the pack and the ledger's test nodes (`fixtures/comfy_harness/ledger_real_node`, the tiny H3
 VAEs of `real_node`), `--cache-lru 64`, and runs, in order:
 
 1. ``decode``: the streaming decode of an empty 22-frame 128x128 H3 AV latent to an MP4 with the tiny VAEs
@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "fixtures"))
 
 from comfy_harness.server import (  # noqa: E402
     HARNESS,

@@ -15,13 +15,13 @@ import sys
 import time
 from datetime import datetime, timezone
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "fixtures"))
 
 from _results import table, write_results  # noqa: E402
 from plan_calibration_cases import CASES  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "planner_calibration.json"
-SOURCES = ("tests/plan_calibration_cases.py", "h3director/plan/activations.py", "h3director/plan/decode.py",
+SOURCES = ("fixtures/plan_calibration_cases.py", "h3director/plan/activations.py", "h3director/plan/decode.py",
            "h3director/plan/audio.py", "h3director/plan/live_bytes.py", "h3director/integrations/diffusers_h3.py",
            "h3director/video/decoder.py")
 

@@ -1,6 +1,6 @@
 """Per-block ledger vs measured peak for every DiT memory tier, diffusers and ComfyUI (docs/PLANNER.md).
 
-One real block at small widths on the CPU (tests/dit_tier_cases.py): diffusers' block stock and through
+One real block at small widths on the CPU (fixtures/dit_tier_cases.py): diffusers' block stock and through
 `apply_memory_plan`, ComfyUI's `DiTBlock` stock and through `comfy_dit.run_block` (in a fresh Python),
 measured with `LiveBytesTracker`; predicted by `h3director.plan.activations.dit_block_peak_bytes`.
 
@@ -15,19 +15,21 @@ import sys
 import warnings
 from datetime import datetime, timezone
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "fixtures"))
 
 import torch  # noqa: E402
 from _results import table, write_results  # noqa: E402
 from comfy_harness.vendored import use_prepared_comfyui, why_no_h3_comfyui  # noqa: E402
 from dit_tier_cases import (  # noqa: E402
+    ROWS,
+    TIERS,
     comfy_root,
     dit_shape_comfy,
     dit_shape_diffusers,
     measure_comfy_blocks,
     measure_diffusers_block,
+    predict_block_peak,
 )
-from test_plan_dit_tiers import ROWS, TIERS, _predict  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -57,7 +59,7 @@ def main() -> None:
                 measured = comfy[(tier, dtype)]
             else:
                 continue
-            predicted = _predict(shape, framework, DTYPES[dtype], TIERS[tier])
+            predicted = predict_block_peak(shape, framework, DTYPES[dtype], TIERS[tier])
             errors.append(predicted / measured - 1)
             rows.append([framework, tier, dtype, f"{measured:,}", f"{predicted:,}", f"{errors[-1]:+.2%}"])
             print("| " + " | ".join(rows[-1]) + " |", flush=True)
@@ -68,7 +70,7 @@ def main() -> None:
                                        "rows, CPU; measured = LiveBytesTracker's peak; ledger = "
                                        "dit_block_peak_bytes; error = ledger / measured - 1.")},
         "figures": {"worst_error": f"{worst:+.2%}"}},
-        sources=("tests/dit_tier_cases.py", "tests/test_plan_dit_tiers.py", "h3director/plan/activations.py",
+        sources=("fixtures/dit_tier_cases.py", "h3director/plan/activations.py",
                  "h3director/dit", "h3director/integrations/diffusers_dit.py", "h3director/integrations/comfy_dit.py"))
     print(f"results: {args.out}")
 

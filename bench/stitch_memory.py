@@ -53,7 +53,9 @@ def main() -> int:
     parser.add_argument("--height", type=int, default=768)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "stitch_memory.json")
     args = parser.parse_args()
-    from h3director.av.chain_clips import write_segment
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+    from chain_clips import write_segment
+
     from h3director.av.stitch_check import compare_stitch
 
     folder = Path(args.folder or tempfile.mkdtemp(prefix="h3_stitch_"))

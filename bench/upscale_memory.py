@@ -1,7 +1,7 @@
 """Upscale memory: host peak of a 2x upscale to MP4 in a real ComfyUI, the streaming node vs core nodes, 24 and 240 frames.
 
 Writes an H.264 clip (moving gradient with texture, mono AAC tone) of each length into a ComfyUI base folder, and a
-small random-init RealESRGAN Compact x2 (tests/comfy_harness/upscale_models.py, `compact_x2`) into
+small random-init RealESRGAN Compact x2 (fixtures/comfy_harness/upscale_models.py, `compact_x2`) into
 models/upscale_models. Each pipeline then runs in a fresh ComfyUI server (`--cpu`), one prompt:
 
 - node (file in): Load Upscale Model -> H3Director Upscale (Streaming) with source_path = the clip, format mp4;
@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "tests" / "comfy_harness"))
+sys.path.insert(0, str(REPO / "fixtures"))
+sys.path.insert(0, str(REPO / "fixtures" / "comfy_harness"))
 
 sys.path.insert(0, str(REPO / "bench"))
 from _results import table, table_markdown, write_results  # noqa: E402
@@ -126,7 +126,7 @@ def main() -> int:
         raise SystemExit(f"no ComfyUI: {why_unavailable()}")
     folder = Path(args.folder or tempfile.mkdtemp(prefix="h3-upscale-memory-"))
     base = prepare_base(folder / "base", ["models/upscale_models"])
-    subprocess.run([comfyui_python(), str(REPO / "tests/comfy_harness/upscale_models.py"), "write",
+    subprocess.run([comfyui_python(), str(REPO / "fixtures/comfy_harness/upscale_models.py"), "write",
                     str(base / "models/upscale_models")], check=True, cwd=REPO)
     clips = [(f"clip_{frames}.mp4", frames, args.width, args.height) for frames in args.frames]
     if args.large_frames:

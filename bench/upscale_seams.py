@@ -1,7 +1,7 @@
 """Upscale seams: tiled vs untiled on small random-init spandrel models, CPU float32.
 
 For each model (RRDB/ESRGAN x4, ESRGAN x2 with pixel-unshuffle, RealESRGAN Compact x2; random init at small widths,
-built by tests/comfy_harness/upscale_models.py), one random frame is upscaled untiled (the spandrel descriptor on the
+built by fixtures/comfy_harness/upscale_models.py), one random frame is upscaled untiled (the spandrel descriptor on the
 whole frame) and tiled with `h3director.video.upscale.TiledUpscaler` at a tile that cuts it into several tiles:
 
 - auto: overlap = the receptive field derived from the layers, each tile keeps only its centre (the exact path);
@@ -27,12 +27,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "comfy_harness"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "comfy_harness"))
 
 from _results import table, table_markdown, write_results  # noqa: E402
 
 SOURCES = ("h3director/video/upscale.py", "h3director/video/upscale_field.py",
-           "h3director/integrations/spandrel_models.py", "tests/comfy_harness/upscale_models.py")
+           "h3director/integrations/spandrel_models.py", "fixtures/comfy_harness/upscale_models.py")
 
 CONFIGS = {"esrgan_x4": 96, "esrgan_x2_unshuffle": 120, "compact_x2": 48, "plksr_x2": 64,
            "realplksr_x2": 64}   # model -> tile (input px)

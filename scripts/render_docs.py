@@ -40,8 +40,8 @@ RESULTS = REPO / "bench" / "results"
 COMFY_DECODE_SOURCES = ("h3director/comfy/nodes_decode.py", "h3director/integrations/comfy_vae.py", "h3director/video",
                         "bench/comfy_decode_memory.py")
 # what the A/V accuracy bench measures: `measure_file` and what it reads with, and the clips it writes
-AVSYNC_SOURCES = tuple(f"h3director/av/{name}.py" for name in ("measure", "onsets", "envelopes", "media", "open_file",
-                                                                "synthetic")) + ("bench/avsync_accuracy.py",)
+AVSYNC_SOURCES = tuple(f"h3director/av/{name}.py" for name in ("measure", "onsets", "envelopes", "media", "open_file")
+                       ) + ("fixtures/synthetic_av.py", "bench/avsync_accuracy.py")
 DOCUMENTS = ("README.md", "docs/*.md")
 BLOCK = re.compile(r"(<!-- rendered: ([a-z0-9_]+(?:/[a-z0-9_]+)?) -->\n)(.*?)(<!-- /rendered -->)", re.S)
 
@@ -148,6 +148,37 @@ def _arena_staging(data: dict) -> str:
             + _provenance(data))
 
 
+def _dit_quantised_cell(record: dict) -> str:
+    if record["decision"] != "chunk":
+        return f"kept stock: {record['reason']}"
+    measured = list(record["measured"].values())
+    equal = sum(m["equal"] for m in measured)
+    if equal == len(measured):
+        return f"{record['exactness']}; equal in all {len(measured)}"
+    worst = max(m["max_abs_diff"] for m in measured)
+    return f"{record['exactness']}; UNEQUAL in {len(measured) - equal} of {len(measured)} (max difference {worst:.3g})"
+
+
+def _dit_quantised_exactness(data: dict) -> str:
+    args = data["arguments"]
+    lines = [f"One real ComfyUI quantised `Linear` per row ({args['out_features']} x {args['in_features']} weight, "
+             f"{args['rows']} input rows, {args['dtype']}, {args['device']}, {args['threads']} threads), each chunked "
+             "use `torch.equal` to the whole call (counts: row chunk counts, weight-row slice counts).", "",
+             "| format | path | input_scale | rows | weight rows | fc2 with SwiGLU |", "|---|---|---|---|---|---|"]
+    for entry in data["results"]:
+        uses = entry["uses"]
+        scale = "none" if entry["input_scale"] is None else f"{entry['input_scale']:g}"
+        lines.append(f"| {entry['format']} | {entry['path']} | {scale} | {_dit_quantised_cell(uses['rows'])} | "
+                     f"{_dit_quantised_cell(uses['weight_rows'])} | {_dit_quantised_cell(uses['act_rows'])} |")
+    wrong = data["unequal_where_reported_exact"]
+    lines += ["", "Chunked uses unequal to the whole call: " + (", ".join(wrong) if wrong else "none") + ".", "",
+              _provenance(data).rstrip()]
+    return "\n".join(lines) + "\n"
+
+
+DIT_QUANTISED_SOURCES = ("h3director/dit/quantised.py", "h3director/integrations/comfy_quant.py",
+                         "bench/dit_quantised_exactness.py", "fixtures/comfy_harness/quant_layers.py")
+
 RENDERERS: dict[str, Renderer] = {
     "planner_external": Renderer("planner_external.json", ("h3director/plan", "bench/planner_external.py"),
                                  _planner_external),
@@ -159,8 +190,10 @@ RENDERERS: dict[str, Renderer] = {
     "shared_read_copies": Renderer("shared_read_copies.json", ("h3director/core/shared_store.py",
                                                                "h3director/comfy/nodes_shared.py",
                                                                "bench/shared_read_copies.py"), _shared_read_copies),
-    "arena_staging": Renderer("arena_staging.json", ("h3director/native", "h3director/video/pixels.py",
+    "arena_staging": Renderer("arena_staging.json", ("h3director/native", "h3director/video/sinks/pixels.py",
                                                      "bench/arena_staging.py"), _arena_staging),
+    "dit_quantised_exactness": Renderer("dit_quantised_exactness.json", DIT_QUANTISED_SOURCES,
+                                        _dit_quantised_exactness),
 }
 
 

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, settings
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 # Real-ComfyUI tests: unless COMFYUI_DIR is set, use the vendored ComfyUI that scripts/setup.sh prepared
-# in .comfy/ (sets COMFYUI_DIR and COMFYUI_PYTHON; see tests/comfy_harness/vendored.py).
+# in .comfy/ (sets COMFYUI_DIR and COMFYUI_PYTHON; see fixtures/comfy_harness/vendored.py).
 from comfy_harness.vendored import use_prepared_comfyui  # noqa: E402
 
 use_prepared_comfyui()
@@ -28,25 +28,25 @@ def _seed_torch():
     yield
 
 
-# Small random-initialised configs of the real diffusers VAEs (h3director.integrations.tiny), built
+# Small random-initialised configs of the real diffusers VAEs (h3director.commands.demo_vaes), built
 # once per session. Tests that change a model setting (tiling, slicing) must restore it.
 @pytest.fixture(scope="session")
 def tiny_h3():
-    from h3director.integrations.tiny import tiny_h3_vae
+    from h3director.commands.demo_vaes import tiny_h3_vae
 
     return tiny_h3_vae(seed=0)
 
 
 @pytest.fixture(scope="session")
 def tiny_wan():
-    from h3director.integrations.tiny import tiny_wan_vae
+    from tiny_vaes import tiny_wan_vae
 
     return tiny_wan_vae(seed=0)
 
 
 @pytest.fixture(scope="session")
 def tiny_h3_audio():
-    from h3director.integrations.tiny import tiny_h3_audio_vae
+    from h3director.commands.demo_vaes import tiny_h3_audio_vae
 
     return tiny_h3_audio_vae(seed=0)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from h3director.video.sink import FrameSink, StreamSpec
+from h3director.video.sinks.contract import FrameSink, StreamSpec
 
 
 class CollectingSink(FrameSink):

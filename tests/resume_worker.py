@@ -3,7 +3,7 @@
     python tests/resume_worker.py PIPE EMBEDS OUT [--folder DIR --every K] [--seed S]
                                   [--gate-step N --gate-dir DIR] [--fsize-limit BYTES]
 
-Loads the tiny pipeline folder `PIPE` (tests/comfy_harness/farm_diffusers.py), runs diffusers'
+Loads the tiny pipeline folder `PIPE` (fixtures/comfy_harness/farm_diffusers.py), runs diffusers'
 `MiniMaxH3CoreDenoiseStep` (stock) or, with `--folder`, `resumable_core_denoise(folder, every)`, on one
 thread, and saves ``latents`` / ``audio_latents`` to `OUT`. `--gate-step N` blocks forever in the
 transformer call of step N after touching `<gate-dir>/reached` (the test SIGKILLs the process there).

@@ -6,10 +6,10 @@ import itertools
 
 import numpy as np
 import pytest
+from synthetic_av import synthetic_tracks, write_synthetic_clip
 
 from h3director.av.envelopes import GRID_S, AudioFlux, motion_envelope
 from h3director.av.measure import measure_arrays, measure_file
-from h3director.av.synthetic import synthetic_tracks, write_synthetic_clip
 from h3director.errors import InvalidInputError
 
 FPS, RATE, SIZE = 24.0, 32000, (64, 48)
@@ -129,7 +129,7 @@ def test_beep_and_flash_onsets_without_half_frame_bias(tmp_path, flash, tone, of
     """The calibration pattern: a flash drawn on a frame (a step that stays 3 frames, or a smooth rise) against a
     200 ms tone burst of another shape, through H.264 + AAC. Onsets, not envelope centres, are paired, and a frame
     stands at its own timestamp: a beep starting with the flash frame reads 0, not half a frame."""
-    from h3director.av.synthetic import beep_flash_tracks, write_clip
+    from synthetic_av import beep_flash_tracks, write_clip
 
     frames, samples = beep_flash_tracks(offset_ms, flash=flash, flash_frames=3, tone=tone, burst_ms=200.0,
                                         seconds=6.0, fps=FPS, sample_rate=RATE, size=SIZE, seed=3)

@@ -7,8 +7,8 @@ import json
 import av
 import numpy as np
 import pytest
+from synthetic_av import synthetic_tracks, write_clip, write_synthetic_clip
 
-from h3director.av.synthetic import synthetic_tracks, write_clip, write_synthetic_clip
 from h3director.cli import main
 
 FPS, RATE, SIZE = 24.0, 32000, (64, 48)

@@ -2,7 +2,7 @@
 resident blocks counted per block call, bytes per block against the planner, composed with DiT Memory (either
 order), LoRA (patched weights move), the GGUF loader, the stock MODEL running after the clone, bad counts refused.
 
-The checks run in a fresh Python (`tests/comfy_harness/blockswap_worker.py`) because the pack's other tests put
+The checks run in a fresh Python (`fixtures/comfy_harness/blockswap_worker.py`) because the pack's other tests put
 stand-in `comfy` modules on sys.path; the Python is `COMFYUI_PYTHON` when it has `gguf`, else this one (as
 tests/test_gguf_comfy.py). Without a ComfyUI checkout the tests skip with the reason.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-WORKER = REPO / "tests" / "comfy_harness" / "blockswap_worker.py"
+WORKER = REPO / "fixtures" / "comfy_harness" / "blockswap_worker.py"
 CHECKS = ([f"exact/{dtype}/offload{n}" for dtype in ("float32", "bfloat16") for n in (0, 1, 2, 5)]
           + ["compose/dit-memory-either-order", "lora/patched-weights-are-what-moves",
              "bytes/per-block-vs-planner-within-10pct", "detach/stock-model-runs-after-the-clone",

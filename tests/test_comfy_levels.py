@@ -1,4 +1,4 @@
-"""The decode node honours the memory level (ComfyUI stand-ins from `tests/comfy_harness`): level 0
+"""The decode node honours the memory level (ComfyUI stand-ins from `fixtures/comfy_harness`): level 0
 runs ComfyUI's own `vae.decode`, level 2 streams with pooled buffers; the IMAGE frames are equal."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Executes the pack's nodes with ComfyUI-shaped inputs (stand-ins from `tests/comfy_harness`).
+"""Executes the pack's nodes with ComfyUI-shaped inputs (stand-ins from `fixtures/comfy_harness`).
 
 The VAE objects mirror ComfyUI's `comfy.sd.VAE` around the real diffusers H3 VAEs (tiny random
 configs); the reference for bit-identity here is `vae_decode_node`, core `VAEDecode`'s steps replayed
@@ -166,7 +166,8 @@ def test_frame_offset_refuses_bad_input():
 
 
 def test_av_sync_measure_node_reads_the_offset_and_plots_both_envelopes():
-    from h3director.av.synthetic import synthetic_tracks
+    from synthetic_av import synthetic_tracks
+
     from h3director.comfy.nodes_avsync import AVSyncMeasure
     from h3director.comfy.nodes_frames import FrameOffset
 
@@ -257,9 +258,11 @@ def test_guard_wrapper_preflights_each_forward_with_the_capacity_cost_model():
 
 
 def test_out_of_memory_in_a_clip_frees_models_and_retries_bit_identically(video_vae):
+    from oom_injection import OomOnClip
+
     from h3director.comfy.image_sink import ComfyImageSink
     from h3director.integrations.comfy_vae import ComfyH3VideoAdapter
-    from h3director.video.faults import STAGE_MID, OomOnClip
+    from h3director.video.faults import STAGE_MID
     from h3director.video.scheduler import DecodeOutOfMemory, stream_decode
 
     latent = _latent(t=12, h=8, w=8)

@@ -1,6 +1,6 @@
 """Contract tests: the repository loads as a ComfyUI V3 node pack and every schema is well formed.
 
-Runs without ComfyUI, on the stand-ins in `tests/comfy_harness/stubs` (see their docstrings for the
+Runs without ComfyUI, on the stand-ins in `fixtures/comfy_harness/stubs` (see their docstrings for the
 ComfyUI files they mirror); `tests/test_comfy_real.py` repeats the loading on a real ComfyUI.
 """
 
@@ -72,8 +72,8 @@ def test_schema_inputs_are_valid(pack, index):
 
 def test_loading_the_pack_imports_nothing_heavy():
     code = (
-        "import sys; sys.path.insert(0, 'tests/comfy_harness/stubs');"
-        "from tests.comfy_harness.loader import load_pack; load_pack();"
+        "import sys; sys.path[:0] = ['fixtures/comfy_harness/stubs', 'fixtures'];"
+        "from comfy_harness.loader import load_pack; load_pack();"
         "heavy = [m for m in ('diffusers', 'matplotlib', 'av', 'transformers') if m in sys.modules];"
         "print(','.join(heavy))"
     )

@@ -2,10 +2,10 @@
 
 ComfyUI: `COMFYUI_DIR` names a checkout (with H3 support) and `COMFYUI_PYTHON` the Python that has its
 requirements (default: this one). Unset, they default to the vendored snapshot that `scripts/setup.sh`
-prepares in `.comfy/` (`tests/comfy_harness/vendored.py`); without either, the tests skip and say why.
+prepares in `.comfy/` (`fixtures/comfy_harness/vendored.py`); without either, the tests skip and say why.
 The checkout is only read: models, custom nodes, input and output live in a temporary
 `--base-directory`; the web frontend is an empty `--front-end-root` (no frontend package needed). The H3 VAEs are ComfyUI's own
-classes at small widths with random weights (`tests/comfy_harness/real_comfy.py`), since the
+classes at small widths with random weights (`fixtures/comfy_harness/real_comfy.py`), since the
 released weights are gigabytes.
 
 Checks: the pack loads through ComfyUI's loader and lists its nodes; the example decode workflow

@@ -5,9 +5,9 @@ vendored `.comfy/ComfyUI`, with `COMFYUI_PYTHON`); skips otherwise. Uses the req
 tests/test_comfy_real.py and its own temporary `--base-directory`.
 
 The diffusion model is ComfyUI's own `MiniMaxH3Model` at a small size: a random state dict in ComfyUI's
-key layout (`tests/comfy_harness/dit_worker.py`, 2 blocks, 4 heads of 16), which `UNETLoader` detects as
+key layout (`fixtures/comfy_harness/dit_worker.py`, 2 blocks, 4 heads of 16), which `UNETLoader` detects as
 MiniMax H3 (`comfy/model_detection.py`). H3's text encoder (Qwen3-VL) is too large for a test, so
-`H3TestDiTConditioning` (tests/comfy_harness/dit_real_node) makes random text-encoder states of the
+`H3TestDiTConditioning` (fixtures/comfy_harness/dit_real_node) makes random text-encoder states of the
 model's text width. Checks: two-step KSampler output with the node is bit-identical to the stock
 model's, the node shows its report and the server log names the tier that ran; a head count that does
 not divide is a node error naming the valid counts.

@@ -1,8 +1,8 @@
 """H3Director DiT Memory next to another pack's H3 block patches in a REAL ComfyUI server, both orders, over HTTP.
 
-The other pack is tests/comfy_harness/foreign_pack, installed as the custom node folder `H3TestForeignPack` (its node
+The other pack is fixtures/comfy_harness/foreign_pack, installed as the custom node folder `H3TestForeignPack` (its node
 `H3TestForeignPatch` object-patches every block's `mlp.forward`, as KJNodes' FFN node does). One prompt samples the
-tiny H3 DiT (tests/comfy_harness, as tests/test_comfy_real_dit.py) three ways: stock; the other pack's node, then DiT
+tiny H3 DiT (fixtures/comfy_harness, as tests/test_comfy_real_dit.py) three ways: stock; the other pack's node, then DiT
 Memory; DiT Memory, then the other pack's node. Both orders equal the stock latents bit for bit (the stand-in pack
 runs the stock arithmetic), DiT Memory's node text names the pack found at install, and the server log says, for each
 order, which pack's code ran the FFN and the attention of which blocks.

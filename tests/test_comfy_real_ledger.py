@@ -2,7 +2,7 @@
 
 One server for the module, started with `--cache-lru 64` so that ComfyUI's output cache keeps the outputs of
 earlier prompts (its default RAM-pressure cache lets them go when the machine's RAM is short). Test nodes
-(`tests/comfy_harness/ledger_real_node`): `H3TestLeak` appends 64 MiB to a module-level list on every run;
+(`fixtures/comfy_harness/ledger_real_node`): `H3TestLeak` appends 64 MiB to a module-level list on every run;
 `H3TestBigOutput` returns a new 40 MiB tensor that ComfyUI caches. A new seed each prompt makes ComfyUI run
 them again.
 

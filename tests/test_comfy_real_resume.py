@@ -1,7 +1,7 @@
 """H3Director Resumable Sampler in a REAL ComfyUI server, SIGKILLed mid-sampling and restarted.
 
 For each resumable sampler (euler, euler_ancestral, dpmpp_2m) a server started with the test gate
-(`tests/comfy_harness/resume_real_node`) runs UNETLoader -> gate -> SamplerCustom(H3Director Resumable
+(`fixtures/comfy_harness/resume_real_node`) runs UNETLoader -> gate -> SamplerCustom(H3Director Resumable
 Sampler, 8 steps, a checkpoint every 2) on ComfyUI's own tiny random-init H3 DiT (as
 tests/test_comfy_real_dit.py) and blocks in the model call of step 4; the test waits for that state and
 SIGKILLs the server by its pid. A second server (no gate) then gets the same prompt: it continues at step

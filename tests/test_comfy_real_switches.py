@@ -5,11 +5,11 @@ vendored `.comfy/ComfyUI`, with `COMFYUI_PYTHON`); skips otherwise. Uses the req
 tests/test_comfy_real.py and its own temporary `--base-directory`. `--cache-none` makes ComfyUI run
 every node of every prompt, so only the pack's own cache can save the text encoder's work.
 
-- Cached Text Encode: the CLIP is `H3TestCountedCLIP` (tests/comfy_harness/switch_real_node: a small
+- Cached Text Encode: the CLIP is `H3TestCountedCLIP` (fixtures/comfy_harness/switch_real_node: a small
   real torch encoder whose forwards are counted in a file; a new CLIP object each prompt, as a loader
   makes under `--cache-none`). A second prompt that changes only the length runs 0 encoder forwards,
   gives the same conditioning, and `/h3director/stats` shows the hit.
-- Memory Guard: ComfyUI's own `MiniMaxH3Model` at a small size (tests/comfy_harness/dit_worker.py)
+- Memory Guard: ComfyUI's own `MiniMaxH3Model` at a small size (fixtures/comfy_harness/dit_worker.py)
   sampled by KSampler through the guard with a 1 MiB budget fails with the "[Director Safety] ...
   memory limit exceeded" message naming the guarded device; the next prompt (no guard) completes.
 """

@@ -18,7 +18,7 @@ from h3director.errors import InvalidInputError
 @pytest.fixture(scope="module")
 def vae_dir(tmp_path_factory):
     """The tiny real H3 VAE saved as a diffusers pipeline folder (`vae/config.json` + safetensors)."""
-    from h3director.integrations.tiny import tiny_h3_vae
+    from h3director.commands.demo_vaes import tiny_h3_vae
 
     root = tmp_path_factory.mktemp("weights")
     tiny_h3_vae(seed=1).save_pretrained(root / "vae")
@@ -89,7 +89,7 @@ def test_decode_to_mp4(vae_dir, tmp_path, capsys):
 def test_decode_video_and_audio_to_mp4(vae_dir, tmp_path, capsys):
     import av
 
-    from h3director.integrations.tiny import tiny_h3_audio_vae
+    from h3director.commands.demo_vaes import tiny_h3_audio_vae
 
     tiny_h3_audio_vae(seed=1).save_pretrained(tmp_path / "audio_vae")
     audio = torch.randn((2, 32, 37), generator=torch.Generator().manual_seed(4))  # diffusers' [S, C, Ta]
@@ -213,7 +213,7 @@ def test_read_header_limits_are_the_callers():
 # -- weights that do not fit the model: one clear error before anything is materialised ------------
 
 def test_weights_whose_keys_do_not_fit_the_config_are_refused_with_counts(vae_dir, tmp_path, capsys):
-    from h3director.integrations.tiny import tiny_h3_audio_vae
+    from h3director.commands.demo_vaes import tiny_h3_audio_vae
 
     save_file({"latents": _latents()}, tmp_path / "z.safetensors")
     folder = tmp_path / "mixed"
@@ -233,7 +233,7 @@ def test_weights_whose_keys_do_not_fit_the_config_are_refused_with_counts(vae_di
 
 
 def test_a_weights_file_of_another_size_is_refused_with_the_shapes(vae_dir, tmp_path, capsys):
-    from h3director.integrations.tiny import tiny_h3_vae
+    from h3director.commands.demo_vaes import tiny_h3_vae
 
     save_file({"latents": _latents()}, tmp_path / "z.safetensors")
     other = tmp_path / "other"

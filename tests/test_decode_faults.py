@@ -3,11 +3,12 @@
 import pytest
 import torch
 from decode_helpers import CollectingSink, h3_reference, single_thread  # noqa: F401 - fixture
+from oom_injection import OomOnClip
 
 from h3director.integrations.diffusers_h3 import H3VideoAdapter
 from h3director.integrations.diffusers_wan import WanVideoAdapter
 from h3director.video.decoder import ClipExecution
-from h3director.video.faults import STAGE_MID, STAGE_START, OomOnClip, is_out_of_memory
+from h3director.video.faults import STAGE_MID, STAGE_START, is_out_of_memory
 from h3director.video.scheduler import DecodeOutOfMemory, stream_decode
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -208,11 +209,11 @@ def test_a_real_cpu_allocation_failure_is_retried(small_h3, latents, expected):
     assert adapter.attempts[:2] == [(0, ClipExecution(None)), (0, ClipExecution(1))]
 
 
-def test_the_retry_frees_caches_through_the_one_core_helper(monkeypatch):
-    from h3director.video import faults
+def test_the_retry_frees_caches_through_the_one_core_helper(monkeypatch, small_h3, latents, expected):
+    from h3director.video import scheduler
 
     freed = []
-    monkeypatch.setattr(faults, "free_caches", freed.append)
-    faults.free_memory(None)
-    faults.free_memory("cuda:1")
-    assert freed == ["cpu", "cuda:1"]
+    monkeypatch.setattr(scheduler, "free_caches", freed.append)
+    report, _ = run(H3VideoAdapter(small_h3), latents, OomOnClip([1]))
+    assert torch.equal(report.result, expected)
+    assert freed == [torch.device("cpu")]

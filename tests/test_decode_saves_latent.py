@@ -1,6 +1,6 @@
 """The decode node writes its latent to disk before decoding, so a decode that dies is rerun from the file.
 
-H3Director Decode AV (Streaming) on the ComfyUI stand-ins (`tests/comfy_harness`, the real diffusers H3 VAE
+H3Director Decode AV (Streaming) on the ComfyUI stand-ins (`fixtures/comfy_harness`, the real diffusers H3 VAE
 at a tiny size) with a decoder that dies in its second clip: the latent (video and audio) is already in
 ``output/latents/`` under its final name, `h3director decode FILE` decodes it to the frames the node gives
 when it does not die (and, with the audio VAE, to an MP4 with its soundtrack), and ``save_latent=False``
@@ -46,7 +46,7 @@ def _latent():
 
 
 def test_a_decode_that_dies_leaves_the_latent_and_the_cli_decodes_it(output_dir, tmp_path, capsys):
-    from h3director.integrations.tiny import tiny_h3_vae
+    from h3director.commands.demo_vaes import tiny_h3_vae
     from h3director.video.latent_file import read_latent_file
 
     video, audio = _latent()
@@ -86,7 +86,7 @@ def test_a_decode_that_dies_leaves_the_latent_and_the_cli_decodes_it(output_dir,
     # the same file with its soundtrack: ComfyUI's audio layout [B, 32, 2, Ta] through --audio-vae
     import av
 
-    from h3director.integrations.tiny import tiny_h3_audio_vae
+    from h3director.commands.demo_vaes import tiny_h3_audio_vae
 
     tiny_h3_audio_vae(seed=2).save_pretrained(tmp_path / "audio" / "audio_vae")
     code = main(["decode", str(saved[0]), "--vae", str(tmp_path / "weights"), "--audio-vae", str(tmp_path / "audio"),

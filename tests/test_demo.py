@@ -34,16 +34,16 @@ def test_demo_writes_video_plot_and_reports_identical(tmp_path, capsys):
 
 
 def test_demo_reports_a_difference_when_the_stock_output_changes(tmp_path, capsys, monkeypatch):
-    import h3director.integrations.stock_h3 as stock_h3
+    import h3director.commands.demo_stock as demo_stock
 
-    original = stock_h3.stock_video_decode
+    original = demo_stock.stock_video_decode
 
     def nudged(vae, latents):
         video = original(vae, latents)
         video[0, 0, 5, 3, 3] += 0.25  # one value of one frame
         return video
 
-    monkeypatch.setattr(stock_h3, "stock_video_decode", nudged)
+    monkeypatch.setattr(demo_stock, "stock_video_decode", nudged)
     monkeypatch.setattr(demo, "START_METHOD", "fork")     # the phase processes inherit the patch
     code = main(["demo", "--out", str(tmp_path), *SMALL])
     out = capsys.readouterr().out

@@ -1,7 +1,7 @@
 """Resumable diffusers H3 sampling (`integrations/diffusers_resume.py`) on the real modular H3 pipeline.
 
 Every run is a subprocess (`tests/resume_worker.py`, one thread, the tiny random-init pipeline of
-tests/comfy_harness/farm_diffusers.py, 7 steps): stock `MiniMaxH3CoreDenoiseStep` once; the resumable loop
+fixtures/comfy_harness/farm_diffusers.py, 7 steps): stock `MiniMaxH3CoreDenoiseStep` once; the resumable loop
 SIGKILLed inside the transformer call of step 4 (checkpoints every 2 steps); the same request with another
 seed (refused, naming the seed); the same request again (continues at step 4, final latents `torch.equal`
 to stock); and a run whose checkpoint writes the kernel refuses (file-size limit), which warns that

@@ -2,7 +2,7 @@
 real `ModelPatcher` hooks (`patches_replace["dit"]` + `DIFFUSION_MODEL` wrapper), finding other packs' patches,
 refusing bad input.
 
-The checks run in a fresh Python (`tests/comfy_harness/dit_worker.py`) because the pack's other tests
+The checks run in a fresh Python (`fixtures/comfy_harness/dit_worker.py`) because the pack's other tests
 put stand-in `comfy` modules on sys.path. ComfyUI is `COMFYUI_DIR` (tests/conftest.py points it at the
 vendored `.comfy/ComfyUI` that scripts/setup_comfyui.sh prepares) run by `COMFYUI_PYTHON` (default: this
 Python); without one the tests skip with the reason.
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-WORKER = REPO / "tests" / "comfy_harness" / "dit_worker.py"
+WORKER = REPO / "fixtures" / "comfy_harness" / "dit_worker.py"
 PLANS = ["lifetime", "head_chunks2", "head_chunks4", "ffn_chunks3", "ffn_chunks7", "head_chunks2-ffn_chunks4",
          "head_chunks2-query_chunks3", "head_chunks4-query_chunks2-ffn_chunks5"]
 CHECKS = ([f"exact/{dtype}/{rows}/{plan}" for dtype in ("float32", "bfloat16") for rows in ("plain", "mask")

@@ -4,7 +4,7 @@ Whichever node comes first, the director finds the other pack's object patches (
 `.attn.forward`, `.mlp.forward`) and block replacements, steps its tier aside for the part they patched (their
 code runs there: counted), and says so in `last_report` (`foreign_patches`, `runs`, `skipped`), in a log warning
 and in the node's text; the output equals the stock model's. The checks run in a fresh Python
-(tests/comfy_harness/dit_foreign_worker.py; the other pack is tests/comfy_harness/foreign_pack). With
+(fixtures/comfy_harness/dit_foreign_worker.py; the other pack is fixtures/comfy_harness/foreign_pack). With
 `KJNODES_DIR` naming a checkout of ComfyUI-KJNodes, the same for KJNodes' own H3 nodes; without it those skip.
 """
 
@@ -19,7 +19,7 @@ from comfy_harness.vendored import why_no_h3_comfyui as skip_reason
 from comfy_harness.worker_checks import run_worker
 
 REPO = Path(__file__).resolve().parents[1]
-WORKER = REPO / "tests" / "comfy_harness" / "dit_foreign_worker.py"
+WORKER = REPO / "fixtures" / "comfy_harness" / "dit_foreign_worker.py"
 CHECKS = ([f"foreign/{part}/{order}" for part in ("ffn", "attention", "block", "replace")
            for order in ("before", "after")]
           + ["foreign/replace/after-says-entry-did-not-run", "foreign/none-found-nothing-logged",

@@ -128,8 +128,9 @@ def test_a_job_error_is_reported_and_the_host_goes_on(folder, tmp_path):
 
 
 def test_an_out_of_memory_decode_is_an_oom_result_the_driver_retries_cheaper(folder, tmp_path):
+    from oom_injection import OomOnClip
+
     from h3director.farm.diffusers_job import PipelineHost, request
-    from h3director.video.faults import OomOnClip
 
     (job,), _ = parse_jobs(_line(), folder)
     injector = OomOnClip(clips=range(100), times=100)       # every execution of the first clip fails

@@ -2,7 +2,7 @@
 (Q8_0, Q4_0, Q5_1, Q4_K; float32 and bfloat16; unpruned and curve form), LoRA on the fly (full load and lowvram),
 composition with the DiT Memory node, the per-layer dequant peak, the node, and refusals.
 
-The checks run in a fresh Python (`tests/comfy_harness/gguf_worker.py`), as tests/test_dit_comfy.py does.
+The checks run in a fresh Python (`fixtures/comfy_harness/gguf_worker.py`), as tests/test_dit_comfy.py does.
 ComfyUI is `COMFYUI_DIR` (the vendored `.comfy/ComfyUI` by default); the worker's Python is
 `COMFYUI_PYTHON` when that one has `gguf`, else this Python. Without ComfyUI the tests skip with the reason.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-WORKER = REPO / "tests" / "comfy_harness" / "gguf_worker.py"
+WORKER = REPO / "fixtures" / "comfy_harness" / "gguf_worker.py"
 CHECKS = [f"exact/{q}/{d}" for q in ("Q8_0", "Q4_0", "Q5_1", "Q4_K") for d in ("float32", "bfloat16")] + [
     "exact/curve-form-Q8_0", "convert/Q6_K", "convert/Q5_K", "convert/Q4_K_M", "accepts/wan-label-and-prefix", "refuse/architecture-truncated-missing",
     "lora/full-load-on-the-fly", "lora/lowvram-weight-function", "compose/dit-memory-node",

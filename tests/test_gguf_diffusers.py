@@ -2,7 +2,7 @@
 same diffusers model built from the file's dequantised tensors (Q8_0, Q4_0 and Q4_K, unpruned), curve-form
 (pruned) files agree with ComfyUI's `MiniMaxH3Model` on the same file within float32 rounding (bfloat16: within
 about one bf16 ulp), run in a fresh
-Python with the real ComfyUI: tests/comfy_harness/gguf_diffusers_worker.py), and bad input is refused."""
+Python with the real ComfyUI: fixtures/comfy_harness/gguf_diffusers_worker.py), and bad input is refused."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 from h3director.errors import InvalidInputError
 
 REPO = Path(__file__).resolve().parents[1]
-WORKER = REPO / "tests" / "comfy_harness" / "gguf_diffusers_worker.py"
+WORKER = REPO / "fixtures" / "comfy_harness" / "gguf_diffusers_worker.py"
 Q = gguf.GGMLQuantizationType
 
 DIFFUSERS_CONFIG = dict(num_attention_heads=4, attention_head_dim=64, hidden_size=256, num_layers=2,

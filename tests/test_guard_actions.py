@@ -1,4 +1,4 @@
-"""The Memory Guard node's actions on a DiT forward (ComfyUI stand-ins from `tests/comfy_harness`):
+"""The Memory Guard node's actions on a DiT forward (ComfyUI stand-ins from `fixtures/comfy_harness`):
 stop_and_clear unloads models, empties caches and raises the [Director Safety] error; reduce_batch
 retries with more DiT chunks (DiT Memory handle installed) or a split batch, equal output; the
 node refuses fallback_to_cpu. Memory is read by an injected reader (the guard's documented hook), the

@@ -1,7 +1,7 @@
 """The Memory Guard node prices each H3 DiT forward with the DiT Memory node's cost model, on ComfyUI's real model.
 
 Runs in a fresh Python (the pack's other tests put stand-in `comfy` modules on sys.path) with the tiny
-ComfyUI `MiniMaxH3Model` of tests/comfy_harness/dit_worker.py:
+ComfyUI `MiniMaxH3Model` of fixtures/comfy_harness/dit_worker.py:
 
 - the guard's preflight is the ledger cost of the packed rows ComfyUI's `PackedLayout` builds, at the attention
   backend the forward calls (PyTorch SDPA: a fused kernel; `attention_basic`: the materialised scores), at the
@@ -127,7 +127,7 @@ print(json.dumps(out))
 def results() -> dict:
     if comfy_root() is None:
         pytest.skip("no ComfyUI source tree (set COMFYUI_DIR)")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "comfy_harness")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "fixtures" / "comfy_harness")]))
     run = subprocess.run([sys.executable, "-c", SCRIPT, str(comfy_root())], capture_output=True, text=True,
                          env=env, cwd=str(REPO), timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]

@@ -49,7 +49,7 @@ def test_out_of_range_threshold_is_refused():
         host_heap.pin_mmap_threshold(-1)
 
 
-# A child reports whether its mmap threshold is pinned (the probe from tests/comfy_harness/real_comfy.py) after
+# A child reports whether its mmap threshold is pinned (the probe from fixtures/comfy_harness/real_comfy.py) after
 # doing what argv[1] says: nothing, pin_decode_threshold with the default config (1 MiB), or a streaming decode
 # of the tiny H3 VAE at memory level 2 (what the ComfyUI node runs).
 PROBE_CHILD = textwrap.dedent("""
@@ -63,7 +63,7 @@ PROBE_CHILD = textwrap.dedent("""
         assert pin_decode_threshold(config)
     elif sys.argv[1] == "decode":
         from h3director.integrations.diffusers_h3 import H3VideoAdapter
-        from h3director.integrations.tiny import tiny_h3_vae
+        from h3director.commands.demo_vaes import tiny_h3_vae
         from h3director.video.scheduler import stream_decode
         from h3director.video.sinks import Uint8FrameSink
         latents = torch.randn((1, 24, 12, 4, 4), generator=torch.Generator().manual_seed(0))
@@ -75,8 +75,8 @@ PROBE_CHILD = textwrap.dedent("""
 
 
 def _pinned_after(what: str) -> str:
-    tests = str(Path(__file__).resolve().parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
+    fixtures = str(Path(__file__).resolve().parents[1] / "fixtures")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([fixtures, os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-c", PROBE_CHILD, what], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout.strip().splitlines()[-1]

@@ -1,15 +1,15 @@
 """Keyframe selection (h3director.video.keyframes) and detail carry (h3director.video.detail_carry), with real
-OpenCV flow on synthetic moving content whose all-frames-detailed truth is known (video.synthetic_motion)."""
+OpenCV flow on synthetic moving content whose all-frames-detailed truth is known (fixtures/synthetic_motion.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from synthetic_motion import MovingScenes
 
 from h3director.errors import InvalidInputError
 from h3director.video import detail_carry, keyframes
-from h3director.video.synthetic_motion import MovingScenes
 
 
 def _psnr(a: np.ndarray, b: np.ndarray) -> float:

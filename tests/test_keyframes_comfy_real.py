@@ -1,13 +1,13 @@
 """Keyframe Select -> a core detailer -> Keyframe Merge in a REAL ComfyUI server (CPU).
 
-A synthetic moving clip with a scene cut (video.synthetic_motion) is written as an MP4 into the input folder;
+A synthetic moving clip with a scene cut (fixtures/synthetic_motion.py) is written as an MP4 into the input folder;
 core `LoadVideo` + `GetVideoComponents` decode it, `H3DirectorKeyframeSelect` picks every 5th frame,
 core `ImageScaleBy` (lanczos, 2x: an upscaling "detailer"; core `ImageSharpen` needs kornia, which the
 vendored environment lacks) details only those keyframes, `H3DirectorKeyframeMerge` (flow warp on) rebuilds the
 clip at 2x.
 Checks: the indices travel as STRING from Select to Merge; the scene mode brackets the cut; the merged IMAGE
 equals the library's merge of the same decoded frames and sharpened keyframes bit for bit (computed in
-ComfyUI's Python, tests/comfy_harness/keyframe_reference.py); keyframes are the detailer's frames exactly.
+ComfyUI's Python, fixtures/comfy_harness/keyframe_reference.py); keyframes are the detailer's frames exactly.
 The example workflow `examples/h3_keyframe_detail_api.json` runs as shipped, with its two file names pointed at
 the test clip and a tiny random-init 4x upscaler (spandrel's Compact architecture, written by ComfyUI's Python),
 and saves an MP4 with every frame.
@@ -25,8 +25,7 @@ import numpy as np
 import pytest
 from comfy_harness.server import HARNESS, comfyui_python, comfyui_server, prepare_base, submit
 from comfy_harness.vendored import real_comfyui_marks
-
-from h3director.video.synthetic_motion import MovingScenes
+from synthetic_motion import MovingScenes
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = real_comfyui_marks()

@@ -14,9 +14,10 @@ from h3director.errors import InvalidInputError
 
 install_stubs()
 
+from synthetic_motion import MovingScenes  # noqa: E402
+
 from h3director.comfy.nodes_keyframes import KeyframeMerge, KeyframeSelect  # noqa: E402
 from h3director.video import detail_carry  # noqa: E402
-from h3director.video.synthetic_motion import MovingScenes  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,8 @@
 
     native < core < plan < video < integrations < comfy < commands/cli
 
+Relative imports count as their absolute names (see also tests/test_import_graph.py: no cycles at all).
+
 The top-level leaf modules (`errors`, `units`, `geometry`, `fragmentation`) import nothing above
 them and may be used by every layer. diffusers and ComfyUI are imported only from
 `integrations/` and above.
@@ -28,12 +30,17 @@ def _layer_of(module: str) -> int | None:
     return LAYERS.get(parts[1])
 
 
-def _imports(path: Path) -> list[str]:
+def _imports(path: Path, module: str) -> list[str]:
+    """Every module name `path` imports, anywhere in it; relative imports resolved against its package."""
     names: list[str] = []
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            base = ".".join(package[:len(package) - (node.level - 1)] + ([node.module] if node.module else []))
+            names += [f"{base}.{alias.name}" for alias in node.names] if not node.module else [base]
+        elif isinstance(node, ast.ImportFrom) and node.module:
             names.append(node.module)
     return names
 
@@ -54,7 +61,7 @@ def test_the_layer_table_covers_every_subpackage():
 def test_imports_point_down_only(path, module):
     own = _layer_of(module)
     upward = []
-    for imported in _imports(path):
+    for imported in _imports(path, module):
         target = _layer_of(imported)
         if own is None:
             # A leaf module may import other leaves only.

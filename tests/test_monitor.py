@@ -116,12 +116,12 @@ def _pixels_near(image: np.ndarray, rgb: tuple[int, int, int], distance: float =
 def test_png_timeline_has_size_content_series_and_budget(recorded, tmp_path):
     from matplotlib import image as mpimg
 
-    from h3director.core import timeline_plot
+    from h3director.core import monitor_report
 
     report, _ = recorded
     path = report.plot(tmp_path / "t.png", title="test run")
     image = mpimg.imread(path)
-    width, height = (int(v * timeline_plot.DPI) for v in timeline_plot.FIGSIZE_IN)
+    width, height = (int(v * monitor_report.DPI) for v in monitor_report.FIGSIZE_IN)
     assert image.shape[:2] == (height, width)
     assert image[..., :3].std() > 0.05  # not blank
     assert _pixels_near(image, (31, 119, 180)) > 200  # the first series' line (matplotlib C0 blue)

@@ -2,7 +2,7 @@
 
 Server: the vendored ComfyUI (see tests/test_comfy_real.py, whose helpers this reuses) on loopback with
 `--cpu`, the pack, the tiny H3 VAE test nodes, a `H3TestHoldMemory` node
-(tests/comfy_harness/panel_real_node) and ComfyUI's real web frontend (`.comfy/frontend`, the pinned
+(fixtures/comfy_harness/panel_real_node) and ComfyUI's real web frontend (`.comfy/frontend`, the pinned
 comfyui-frontend-package that scripts/setup_browser.sh installs). Config by environment: the monitor on
 at 250 ms, a 1 GiB slot pool of 16 MiB slots. Browser: Debian's /usr/bin/chromium through
 /usr/bin/chromedriver (selenium; nothing downloaded). When either is missing the test runs
@@ -11,7 +11,7 @@ scripts/setup_browser.sh once and skips, saying why, only if they are still miss
 Checks: the "H3 Memory" sidebar tab opens the panel; its numbers are present and the sample count
 grows; a prompt queued with the page's client id (as the page itself queues) shows the running node's
 title in the panel while it runs and leaves it marked in the recorded samples; the pool heatmap has one
-cell per slot; three prompts of a node leaking 64 MiB each (tests/comfy_harness/ledger_real_node) show as a
+cell per slot; three prompts of a node leaking 64 MiB each (fixtures/comfy_harness/ledger_real_node) show as a
 leak in red in the panel's prompt ledger. A screenshot is kept in the test's folder, and copied to $H3DIRECTOR_PANEL_SCREENSHOT when set
 (docs/img/panel.png was made that way). The route's own switches (monitor off, unknown parameters) are
 checked in-process below, without a server.

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from h3director.commands.demo_vaes import tiny_h3_audio_vae, tiny_h3_vae
 from h3director.errors import InvalidInputError
 from h3director.integrations.diffusers_placement import apply_placement, remove_placement
-from h3director.integrations.tiny import tiny_h3_audio_vae, tiny_h3_vae
 from h3director.plan.estimate import PlanRequest
 from h3director.plan.placement import parse_devices, place
 

@@ -25,7 +25,7 @@ def pipeline(tmp_path_factory):
     from comfy_harness.farm_diffusers import write_embeds
     from diffusers import MiniMaxH3Transformer3DModel
 
-    from h3director.integrations.tiny import tiny_h3_audio_vae, tiny_h3_vae
+    from h3director.commands.demo_vaes import tiny_h3_audio_vae, tiny_h3_vae
 
     folder = tmp_path_factory.mktemp("pipe")
     with torch.random.fork_rng(devices=[]):

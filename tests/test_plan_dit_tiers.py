@@ -1,6 +1,6 @@
 """The planner's per-block ledgers against measured peaks of the real blocks, per framework and tier.
 
-Measured: `LiveBytesTracker` over one real block on the CPU at small widths (tests/dit_tier_cases.py):
+Measured: `LiveBytesTracker` over one real block on the CPU at small widths (fixtures/dit_tier_cases.py):
 diffusers' `MiniMaxH3TransformerBlock` stock and through `apply_memory_plan`, ComfyUI's `DiTBlock`
 stock and through `h3director.integrations.comfy_dit.run_block` (in a fresh Python). Predicted:
 `dit_block_peak_bytes`, nothing fitted. Target: within 10% (the issue's bar); the replays are
@@ -13,11 +13,14 @@ import pytest
 import torch
 from dit_tier_cases import (
     DIFFUSERS_CONFIG_WIDE,
+    ROWS,
+    TIERS,
     comfy_root,
     dit_shape_comfy,
     dit_shape_diffusers,
     measure_comfy_blocks,
     measure_diffusers_block,
+    predict_block_peak,
 )
 
 from h3director.dit.ranges import row_ranges
@@ -32,29 +35,11 @@ from h3director.plan.activations import (
 )
 
 TARGET = 0.10
-ROWS = 300          # > 2 x 128: query chunks split it
-
-TIERS = {
-    "stock": None,
-    "lifetime": dict(),
-    "ffn 4": dict(ffn_chunks=4),
-    "heads 2, ffn 8": dict(head_chunks=2, ffn_chunks=8),
-    "heads 4, ffn 8": dict(head_chunks=4, ffn_chunks=8),
-    "query 2": dict(query_chunks=2),
-    "heads 2, query 3, ffn 3": dict(head_chunks=2, query_chunks=3, ffn_chunks=3),
-}
-
-
-def _predict(shape: DiTShape, framework: str, dtype: torch.dtype, tier: dict | None) -> int:
-    plan = DiTMemoryPlan(lifetime=False) if tier is None else DiTMemoryPlan(**tier)
-    return dit_block_peak_bytes(shape, ROWS, dtype, framework=framework, plan=plan)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("tier", list(TIERS), ids=list(TIERS))
 def test_diffusers_block_ledger_matches_measured_peak(tier, dtype):
     measured = measure_diffusers_block(ROWS, dtype, TIERS[tier])
-    predicted = _predict(dit_shape_diffusers(), "diffusers", dtype, TIERS[tier])
+    predicted = predict_block_peak(dit_shape_diffusers(), "diffusers", dtype, TIERS[tier])
     error = predicted / measured - 1
     assert abs(error) <= TARGET, f"diffusers {tier}: predicted {predicted:,} B, measured {measured:,} B ({error:+.1%})"
 
@@ -65,7 +50,7 @@ def test_diffusers_block_ledger_holds_at_other_widths(tier, dtype):
     """The same comparison at a second width set (every width differs), so ledger and adapter cannot drift
     apart at one width only."""
     measured = measure_diffusers_block(ROWS, dtype, TIERS[tier], config=DIFFUSERS_CONFIG_WIDE)
-    predicted = _predict(dit_shape_diffusers(DIFFUSERS_CONFIG_WIDE), "diffusers", dtype, TIERS[tier])
+    predicted = predict_block_peak(dit_shape_diffusers(DIFFUSERS_CONFIG_WIDE), "diffusers", dtype, TIERS[tier])
     error = predicted / measured - 1
     assert abs(error) <= TARGET, f"diffusers {tier}: predicted {predicted:,} B, measured {measured:,} B ({error:+.1%})"
 
@@ -88,7 +73,7 @@ def comfy_measured():
 @pytest.mark.parametrize("tier", list(TIERS), ids=list(TIERS))
 def test_comfy_block_ledger_matches_measured_peak(tier, dtype, comfy_measured):
     measured = comfy_measured[(tier, dtype, False)]
-    predicted = _predict(dit_shape_comfy(), "comfy", {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype], TIERS[tier])
+    predicted = predict_block_peak(dit_shape_comfy(), "comfy", {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype], TIERS[tier])
     error = predicted / measured - 1
     assert abs(error) <= TARGET, f"comfy {tier}: predicted {predicted:,} B, measured {measured:,} B ({error:+.1%})"
 

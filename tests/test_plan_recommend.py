@@ -67,7 +67,7 @@ def test_a_24gb_card_offloads_and_says_why():
     assert any(f"fully resident needs {bf16.device_bytes / GiB:.2f} GiB" in reason for reason in advice.rejected)
 
 
-# A small config of the real H3 VAE (as `h3director.integrations.tiny.tiny_h3_vae`), so the DiT's phase is the
+# A small config of the real H3 VAE (as `h3director.commands.demo_vaes.tiny_h3_vae`), so the DiT's phase is the
 # largest and the budget below is decided by it.
 SMALL_VAE = dict(block_out_channels=(8,) * 6, layers_per_block=1, norm_num_groups=4, decoder_num_layers=2,
                  decoder_num_attention_heads=2, decoder_attention_head_dim=16, decoder_num_register_tokens=4,

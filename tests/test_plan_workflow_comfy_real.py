@@ -5,11 +5,11 @@ Runs when `COMFYUI_DIR` names a ComfyUI checkout with H3 support (tests/conftest
 
 - Validation: for a grid of plans (canvases, lengths, cards, weights formats, t2v / i2v, audio on / off, staged)
   the CLI writes the workflow and ComfyUI's own `execution.validate_prompt` accepts it (test route
-  ``/h3test/validate`` in tests/comfy_harness/workflow_real_node; nothing is queued: the grid names models at H3's
+  ``/h3test/validate`` in fixtures/comfy_harness/workflow_real_node; nothing is queued: the grid names models at H3's
   real size). The model names exist in the server's folders (the text encoder and GGUF as empty files: only their
   names are validated).
 - Renders, at a small size with the tiny DiT of tests/test_comfy_real_dit.py and ComfyUI's H3 VAEs at small widths
-  (tests/comfy_harness/real_comfy.py): a t2v workflow written by the CLI, and both stages of a staged workflow
+  (fixtures/comfy_harness/real_comfy.py): a t2v workflow written by the CLI, and both stages of a staged workflow
   (stage two with DiT Memory chunking), each ending in an MP4 with the request's frame count. H3's Qwen3-VL text
   encoder is too large for a test: the render swaps CLIPLoader + MiniMaxH3ImageToVideo for `H3TestImageToVideo`
   (random text states, ComfyUI's own empty AV latent); every other node runs as written.

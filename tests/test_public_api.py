@@ -4,8 +4,7 @@
   a list of unique strings;
 - every name in `__all__` is bound in the module's source, and exists once the module is imported;
 - every class and function named in `__all__` that the module defines has a docstring (read from the source, so
-  modules that need ComfyUI or Ray are checked too; `PENDING_DOCSTRINGS` lists the few that wait for another
-  branch, and an entry that is no longer needed fails);
+  modules that need ComfyUI or Ray are checked too);
 - no name is declared public by two modules that each define it as a different class or function (one name,
   one concept: a re-export of the same object is fine).
 
@@ -39,17 +38,6 @@ SHARED_NAMES: dict[str, str] = {
     "add_arguments": "the subcommand protocol `cli.py` calls on every `h3director.commands` module",
     "run": "the subcommand protocol `cli.py` calls on every `h3director.commands` module",
 }
-
-# Public names whose docstrings wait for the rewrite of their module by another branch of issue 22 (the DiT node
-# and guard, the shared store nodes, the farm). Remove an entry when its module is rewritten.
-PENDING_DOCSTRINGS: dict[str, set[str]] = {
-    "h3director.comfy.nodes_shared": {"SharedRead", "SharedWrite"},
-    "h3director.comfy.nodes_textcache": {"CachedTextEncode", "text_cache_stats"},
-    "h3director.farm.ledger": {"JobRow"},
-    "h3director.farm.progress": {"counts_line"},
-    "h3director.farm.serve": {"main"},
-}
-
 
 def _public_modules() -> list[tuple[str, Path]]:
     found = []
@@ -143,11 +131,7 @@ def test_declared_names_exist_and_are_documented(module, path):
     undocumented = {n for n in declared
                     if isinstance(bound[n], (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
                     and not (ast.get_docstring(bound[n]) or "").strip()}
-    pending = PENDING_DOCSTRINGS.get(module, set())
-    assert not undocumented - pending, \
-        f"{module}: public {sorted(undocumented - pending)} have no docstring (state the contract first)"
-    assert not pending - undocumented, \
-        f"PENDING_DOCSTRINGS lists {sorted(pending - undocumented)} of {module}, documented or gone now: remove them"
+    assert not undocumented, f"{module}: public {sorted(undocumented)} have no docstring (state the contract first)"
 
 
 @pytest.mark.parametrize("module,path", MODULES, ids=[m for m, _ in MODULES])

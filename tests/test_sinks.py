@@ -355,7 +355,7 @@ def test_video_sink_keeps_existing_file_until_finish(tmp_path):
 
 def test_tee_feeds_every_sink_and_digests_match_the_stored_frames(tmp_path):
     from h3director.video.sinks import DigestSink, TeeSink
-    from h3director.video.sinks_compose import frame_digests
+    from h3director.video.sinks.digest import frame_digests
 
     spec = _spec(frames=9)
     video = _decoded(spec, seed=9)

@@ -10,7 +10,8 @@ import pytest
 
 pytest.importorskip("av")
 
-from h3director.av.chain_clips import write_segment  # noqa: E402
+from chain_clips import write_segment  # noqa: E402
+
 from h3director.av.segment_audio import SampleReader  # noqa: E402
 from h3director.av.stitch import inspect_segment, stitch_files  # noqa: E402
 from h3director.av.stitch_check import compare_stitch  # noqa: E402
@@ -173,7 +174,7 @@ def test_a_failure_midway_keeps_an_existing_output_and_leaves_no_temporary(chain
 
 
 def _segment_with_sound(path, frames, sound):
-    from h3director.av.synthetic import write_clip
+    from synthetic_av import write_clip
 
     pictures = np.full((frames, H, W, 3), 90, np.uint8)
     write_clip(path, pictures, sound, 24.0, 32_000, container_format="matroska", audio_codec="pcm_s16le")

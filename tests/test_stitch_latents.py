@@ -7,11 +7,11 @@ import torch
 from decode_helpers import CollectingSink, single_thread  # noqa: F401 - fixture
 
 from h3director import geometry
-from h3director.av.stitch_latents import decode_stitched, join_latents
 from h3director.errors import InvalidInputError
 from h3director.integrations.diffusers_h3 import H3VideoAdapter
 from h3director.integrations.diffusers_h3_audio import H3AudioAdapter
 from h3director.video.scheduler import stream_decode
+from h3director.video.stitch_latents import decode_stitched, join_latents
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -72,7 +72,7 @@ def test_the_cli_latent_mode_decodes_the_joined_chain_once(tmp_path, capsys):
     from safetensors.torch import save_file
 
     from h3director.cli import main
-    from h3director.integrations.tiny import tiny_h3_audio_vae, tiny_h3_vae
+    from h3director.commands.demo_vaes import tiny_h3_audio_vae, tiny_h3_vae
 
     tiny_h3_vae(seed=1).save_pretrained(tmp_path / "vae")
     tiny_h3_audio_vae(seed=1).save_pretrained(tmp_path / "audio_vae")

@@ -157,7 +157,7 @@ def test_denormalized_input_and_spec(tiny_h3, adapter):
 
 
 def test_tiny_config_is_deterministic_and_real(tiny_h3):
-    from h3director.integrations.tiny import tiny_h3_vae
+    from h3director.commands.demo_vaes import tiny_h3_vae
 
     again, other = tiny_h3_vae(seed=0), tiny_h3_vae(seed=1)
     same = [torch.equal(a, b) for a, b in zip(tiny_h3.state_dict().values(), again.state_dict().values(), strict=True)]

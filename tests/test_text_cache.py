@@ -1,4 +1,4 @@
-"""H3Director Cached Text Encode in process (ComfyUI stand-ins from `tests/comfy_harness`) and the shared
+"""H3Director Cached Text Encode in process (ComfyUI stand-ins from `fixtures/comfy_harness`) and the shared
 store's memory budget: content keys, LRU spill to the disk tier and back, counters in /h3director/stats.
 
 The CLIP here is a test object with ComfyUI's CLIP surface (`cond_stage_model`, `patcher` with

@@ -12,7 +12,7 @@ from torch import nn
 
 from h3director.errors import InvalidInputError
 from h3director.video.sinks import file_sink_for
-from h3director.video.sinks_memmap import MemmapSink
+from h3director.video.sinks.memmap import MemmapSink
 from h3director.video.upscale import OomOnTile, TiledUpscaler, UpscaleModel, resolve_overlap, stream_upscale
 from h3director.video.upscale_field import derive_field, measure_field
 from h3director.video.upscale_sources import ArraySource, npy_source, open_source

@@ -11,7 +11,7 @@ from test_upscale import ConvUpscaler
 
 from h3director.errors import InvalidInputError
 from h3director.video.resize import parse_size, resize_frame
-from h3director.video.sinks_memmap import MemmapSink
+from h3director.video.sinks.memmap import MemmapSink
 from h3director.video.upscale import OomOnTile, Recipe, UpscaleModel, check_dtype_runs, stream_upscale
 from h3director.video.upscale_sources import ArraySource
 from h3director.video.upscale_stages import dtype_refusal

@@ -20,7 +20,7 @@ from h3director.video.resize import resize_frame
 pytestmark = pytest.mark.skipif(
     not os.environ.get("COMFYUI_PYTHON") or not Path(comfyui_python()).is_file(),
     reason="needs the ComfyUI environment with spandrel (COMFYUI_PYTHON; bash scripts/setup.sh)")
-HARNESS = Path(__file__).parent / "comfy_harness"
+HARNESS = Path(__file__).resolve().parents[1] / "fixtures" / "comfy_harness"
 F, H, W = 2, 72, 128
 
 

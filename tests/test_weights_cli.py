@@ -215,7 +215,7 @@ def test_inspect_prices_a_released_width_dit_with_the_planner(capsys, tmp_path):
 
 
 def test_standalone_real_vae_files_are_recognised(capsys, tmp_path):
-    from h3director.integrations.tiny import tiny_h3_audio_vae, tiny_h3_vae
+    from h3director.commands.demo_vaes import tiny_h3_audio_vae, tiny_h3_vae
 
     for name, model, component in (("vae", tiny_h3_vae(), "vae"), ("audio", tiny_h3_audio_vae(), "audio-vae")):
         path = tmp_path / f"{name}.safetensors"

@@ -31,12 +31,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from h3director.commands.demo_vaes import tiny_h3_vae  # noqa: E402
 from h3director.core.config import validate_config  # noqa: E402
 from h3director.geometry import latent_frames_for  # noqa: E402
 from h3director.integrations.diffusers_h3 import H3VideoAdapter  # noqa: E402
-from h3director.integrations.tiny import tiny_h3_vae  # noqa: E402
 from h3director.video.levels import decode_for_level  # noqa: E402
-from h3director.video.sinks_compose import DigestSink  # noqa: E402
+from h3director.video.sinks.digest import DigestSink  # noqa: E402
 
 SETTINGS = {
     "level 0 (reference)": {"memory_optimization_level": 0},

@@ -105,7 +105,7 @@ def import_comfy(cpu: bool, smoke: bool):
 
     missing = [name for name in ("torchvision", "torchaudio") if importlib.util.find_spec(name) is None]
     if missing and smoke:
-        sys.path.insert(0, str(REPO / "tests" / "comfy_harness"))
+        sys.path.insert(0, str(REPO / "fixtures" / "comfy_harness"))
         from dit_worker import _UnavailableFinder
 
         sys.meta_path.insert(0, _UnavailableFinder(missing))

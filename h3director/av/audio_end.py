@@ -52,3 +52,6 @@ def mark_end_padding(packets, frame_size: int, sample_rate: int) -> int:
     memoryview(side)[:] = struct.pack("<IIBB", 0, padding, 0, 0)   # skip at start, discard at end, reasons
     last.set_sidedata(side)
     return padding
+
+
+__all__ = ["TRIMS_END_IN_DECODER", "mark_end_padding", "movie_timescale"]

@@ -4,7 +4,7 @@
 so the float32 video exists once (core `VAEDecode` holds a `[B, C, F, H, W]` float32 buffer and
 then copies it into `[B * F, H, W, C]`: twice). `LastFrameTap` forwards every call to another sink
 and keeps only the last frame as a `[1, H, W, C]` IMAGE (the video-file mode's IMAGE output, handy as
-the first frame of a continuation). Pixels are `h3director.video.pixels.float_pixels`, the same
+the first frame of a continuation). Pixels are `h3director.video.sinks.pixels.float_pixels`, the same
 float32 operations as ComfyUI's `MiniMaxH3VideoVAE._finalize_pixels`.
 """
 
@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from h3director.video.pixels import float_pixels
-from h3director.video.sink import FrameSink, StreamSpec
-from h3director.video.sinks_base import BufferSink
+from h3director.video.sinks.contract import FrameSink, StreamSpec
+from h3director.video.sinks.ordered import BufferSink
+from h3director.video.sinks.pixels import float_pixels
 
 
 class ComfyImageSink(BufferSink):

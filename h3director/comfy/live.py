@@ -11,6 +11,7 @@ import itertools
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 _lock = threading.Lock()
@@ -92,4 +93,17 @@ def phase(name: str) -> Iterator[None]:
         yield
 
 
-__all__ = ["MonitorHandle", "default_devices", "phase", "running_report", "start_monitor", "stop_monitor"]
+def report_rgb(report, title: str, folder: Path | None = None):
+    """The report's timeline plot as an RGB `PIL.Image`, drawn in a temporary folder (inside
+    `folder` when given, else the system's) that is deleted before this returns."""
+    import tempfile
+
+    from PIL import Image
+
+    with tempfile.TemporaryDirectory(prefix=".h3director-plot-", dir=folder, ignore_cleanup_errors=True) as tmp:
+        path = report.plot(Path(tmp) / "timeline.png", title=title)
+        with Image.open(path) as image:
+            return image.convert("RGB")
+
+
+__all__ = ["MonitorHandle", "default_devices", "phase", "report_rgb", "running_report", "start_monitor", "stop_monitor"]

@@ -185,7 +185,7 @@ def _reference_decode(vae, video, audio_latent, audio_adapter, output, target, f
     import torch
 
     from h3director.video.levels import REFERENCE_NOTE
-    from h3director.video.sink import StreamSpec
+    from h3director.video.sinks.contract import StreamSpec
 
     started = time.perf_counter()
     waveform = audio_adapter.decode(audio_latent) if audio_adapter is not None else None

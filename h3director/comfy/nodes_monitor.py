@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from comfy_api.latest import io
 
@@ -23,7 +22,7 @@ def executing_node_name() -> str | None:
         return None
     key = (str(context.prompt_id), str(context.node_id))
     if key not in _node_names:
-        from h3director.comfy.routes import prompt_node
+        from h3director.comfy.runtime import prompt_node
 
         node = prompt_node(*key) or {}
         _node_names[key] = f"#{key[1]} {node.get('class_type') or '?'}"
@@ -51,23 +50,12 @@ def stop_ops_log(monitor_id: int) -> str | None:
     return log.table()
 
 
-def report_rgb(report, title: str, folder: Path | None = None):
-    """The report's timeline plot as an RGB `PIL.Image`, drawn in a temporary folder (inside
-    `folder` when given, else the system's) that is deleted before this returns."""
-    import tempfile
-
-    from PIL import Image
-
-    with tempfile.TemporaryDirectory(prefix=".h3director-plot-", dir=folder, ignore_cleanup_errors=True) as tmp:
-        path = report.plot(Path(tmp) / "timeline.png", title=title)
-        with Image.open(path) as image:
-            return image.convert("RGB")
-
-
 def report_image(report, title: str):
     """The report's timeline plot as a ComfyUI IMAGE `[1, H, W, 3]` float32 in [0, 1]."""
     import numpy as np
     import torch
+
+    from h3director.comfy.live import report_rgb
 
     pixels = np.asarray(report_rgb(report, title), dtype=np.float32) / 255.0
     return torch.from_numpy(pixels).unsqueeze(0)
@@ -148,4 +136,4 @@ class MonitorStop(io.ComfyNode):
                              ui={"text": (summary,)})
 
 
-__all__ = ["MonitorStart", "MonitorStop", "report_image", "report_rgb"]
+__all__ = ["MonitorStart", "MonitorStop", "report_image"]

@@ -81,11 +81,6 @@ def plan_for(width: int, height: int, frames: int, budget_bytes: int | None,
     return "\n".join(lines), settings
 
 
-def plan_text(width: int, height: int, frames: int, budget_bytes: int | None, device_name: str) -> str:
-    """`plan_for`'s text."""
-    return plan_for(width, height, frames, budget_bytes, device_name)[0]
-
-
 class PlanNode(io.ComfyNode):
     """Node `H3DirectorPlan`: an H3 LATENT + `budget_gb` (GiB; 0 = this device's memory) -> `plan`
     (STRING: per-phase estimate and recommendation) and the recommended settings to wire on: `head_chunks`,

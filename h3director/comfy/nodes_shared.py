@@ -180,6 +180,11 @@ def _tensor_count(skeleton: Any) -> int:
 
 
 class SharedWrite(io.ComfyNode):
+    """CONDITIONING -> CONDITIONING: stores `conditioning` under `key` (str) in the pack's shared store and
+    returns a read-only view of the stored copy. Without `replace`, a key that already holds different
+    conditioning raises the store's conflict error; a consumer that writes into a view gets
+    SharedTensorMutatedError naming it."""
+
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -203,6 +208,10 @@ class SharedWrite(io.ComfyNode):
 
 
 class SharedRead(io.ComfyNode):
+    """`key` (str) -> CONDITIONING: a read-only view of what Shared Write stored under `key` (memory or the disk
+    tier), one storage for every reader. Raises InvalidInputError for a key nothing is stored under;
+    SharedTensorMutatedError, naming the consumer, when a view was written."""
+
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(

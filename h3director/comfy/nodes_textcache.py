@@ -112,6 +112,7 @@ def clip_fingerprint(clip: Any) -> str:
 
 
 def text_cache_stats() -> dict[str, int]:
+    """A copy of this process's cache counters (hits, misses, bypassed; bytes_saved in bytes), by name."""
     with _lock:
         return dict(_counters)
 
@@ -178,6 +179,10 @@ def cached_encode(clip: Any, text: str, reader: str = OWNER) -> tuple[Any, str]:
 
 
 class CachedTextEncode(io.ComfyNode):
+    """CLIP + `text` (str) -> CONDITIONING: the text encoder's output, encoded once per (weights, layer,
+    tokenizer options, text) and handed out as read-only views of one cached copy. Raises InvalidInputError
+    for a `clip` that is not ComfyUI's CLIP."""
+
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(

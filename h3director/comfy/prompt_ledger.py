@@ -166,7 +166,7 @@ def _report_once(where: str, error: Exception) -> None:
 
 def on_prompt_start(prompt_id: str) -> None:
     """Begin a ledger job for ``prompt_id`` (keyed by its workflow)."""
-    from h3director.comfy.routes import running_prompt
+    from h3director.comfy.runtime import running_prompt
 
     ledger = _ledger
     if ledger is None:

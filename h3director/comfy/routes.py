@@ -145,54 +145,6 @@ def _text_cache() -> dict[str, int]:
     return text_cache_stats()
 
 
-def _prompt_server() -> Any:
-    try:
-        from server import PromptServer
-    except ImportError:
-        return None
-    return getattr(PromptServer, "instance", None)
-
-
-def running_prompt(prompt_id: str, server: Any = None) -> dict[str, Any] | None:
-    """The API prompt (node id -> node dict) of the running prompt ``prompt_id``, or None."""
-    queue = getattr(server or _prompt_server(), "prompt_queue", None)
-    if queue is None:
-        return None
-    for item in queue.get_current_queue_volatile()[0]:
-        if str(item[1]) == str(prompt_id) and isinstance(item[2], dict):
-            return item[2]
-    return None
-
-
-def prompt_node(prompt_id: str, node_id: str, server: Any = None) -> dict[str, Any] | None:
-    """The node ``node_id`` of the running prompt ``prompt_id`` (its dict in the API prompt), or None."""
-    prompt = running_prompt(prompt_id, server)
-    node = None if prompt is None else prompt.get(str(node_id))
-    return node if isinstance(node, dict) else None
-
-
-def running_node(server: Any = None) -> dict[str, Any] | None:
-    """The node ComfyUI executes now, from its `PromptServer` (None when idle or outside ComfyUI).
-
-    ComfyUI records the node it executes only for prompts queued with a client_id (the page does so).
-    """
-    server = server or _prompt_server()
-    queue = getattr(server, "prompt_queue", None)
-    if queue is None:
-        return None
-    running, _pending = queue.get_current_queue_volatile()
-    if not running:
-        return None
-    item = running[0]
-    prompt_id, prompt = item[1], item[2]
-    node_id = getattr(server, "last_node_id", None)
-    node = prompt.get(str(node_id)) if isinstance(prompt, dict) and node_id is not None else None
-    node = node if isinstance(node, dict) else {}
-    meta = node.get("_meta") if isinstance(node.get("_meta"), dict) else {}
-    return {"prompt_id": prompt_id, "node_id": None if node_id is None else str(node_id),
-            "class_type": node.get("class_type"), "title": meta.get("title")}
-
-
 def monitor_settings(config) -> dict[str, Any]:
     """The ``monitor`` section as the panel needs it, with the reason live data is off (or None)."""
     section = config.monitor
@@ -206,6 +158,7 @@ def stats_payload(samples: int, config=None, server: Any = None) -> dict[str, An
     """The JSON body of `/h3director/stats` (plain data); ``config`` defaults to the pack's."""
     from h3director.comfy.live import running_report
     from h3director.comfy.prompt_ledger import ledger_payload
+    from h3director.comfy.runtime import running_node
 
     if config is None:
         from h3director.comfy.settings import pack_config
@@ -230,8 +183,7 @@ def stats_payload(samples: int, config=None, server: Any = None) -> dict[str, An
 def render_report_png(output_dir: Path, width: int, height: int) -> bytes:
     """PNG bytes, `width` x `height` pixels, of the running (or last) monitor's timeline, drawn in a
     temporary folder inside `output_dir`; `InvalidInputError` when no monitor has recorded a sample."""
-    from h3director.comfy.live import running_report
-    from h3director.comfy.nodes_monitor import report_rgb
+    from h3director.comfy.live import report_rgb, running_report
 
     report = running_report()
     if report is None or not report.samples:
@@ -279,5 +231,4 @@ def register_routes(routes) -> None:
         return web.Response(body=body, content_type="image/png")
 
 
-__all__ = ["STATS_QUERY", "check_query_names", "int_query", "prompt_node", "register_routes",
-           "render_report_png", "running_prompt", "stats_payload"]
+__all__ = ["STATS_QUERY", "check_query_names", "int_query", "register_routes", "render_report_png", "stats_payload"]

@@ -1,6 +1,7 @@
-"""The few ComfyUI services the nodes use, imported when called (ComfyUI is importable only inside it).
+"""The few ComfyUI services the nodes use, imported when called (ComfyUI is importable only inside it), and what
+the running prompt is (from its `PromptServer`: `running_prompt`, `prompt_node`, `running_node`).
 
-Mirrors of these functions in the test harness (`tests/comfy_harness/`) keep the same signatures:
+Mirrors of these functions in the test harness (`fixtures/comfy_harness/`) keep the same signatures:
 `folder_paths.get_output_directory`, `folder_paths.get_temp_directory`,
 `folder_paths.get_save_image_path`, and `comfy.model_management.{free_memory, get_free_memory,
 get_total_memory, load_models_gpu, soft_empty_cache, get_torch_device, unload_all_models}`.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -102,5 +104,53 @@ def load_vae(vae, bytes_needed: int) -> None:
                                            force_full_load=getattr(vae, "disable_offload", False))
 
 
-__all__ = ["SaveTarget", "free_bytes", "free_device_memory", "load_vae", "output_directory", "save_target",
-           "temp_directory", "torch_device", "total_bytes", "unload_models_and_empty_caches"]
+def _prompt_server() -> Any:
+    try:
+        from server import PromptServer
+    except ImportError:
+        return None
+    return getattr(PromptServer, "instance", None)
+
+
+def running_prompt(prompt_id: str, server: Any = None) -> dict[str, Any] | None:
+    """The API prompt (node id -> node dict) of the running prompt ``prompt_id``, or None."""
+    queue = getattr(server or _prompt_server(), "prompt_queue", None)
+    if queue is None:
+        return None
+    for item in queue.get_current_queue_volatile()[0]:
+        if str(item[1]) == str(prompt_id) and isinstance(item[2], dict):
+            return item[2]
+    return None
+
+
+def prompt_node(prompt_id: str, node_id: str, server: Any = None) -> dict[str, Any] | None:
+    """The node ``node_id`` of the running prompt ``prompt_id`` (its dict in the API prompt), or None."""
+    prompt = running_prompt(prompt_id, server)
+    node = None if prompt is None else prompt.get(str(node_id))
+    return node if isinstance(node, dict) else None
+
+
+def running_node(server: Any = None) -> dict[str, Any] | None:
+    """The node ComfyUI executes now, from its `PromptServer` (None when idle or outside ComfyUI).
+
+    ComfyUI records the node it executes only for prompts queued with a client_id (the page does so).
+    """
+    server = server or _prompt_server()
+    queue = getattr(server, "prompt_queue", None)
+    if queue is None:
+        return None
+    running, _pending = queue.get_current_queue_volatile()
+    if not running:
+        return None
+    item = running[0]
+    prompt_id, prompt = item[1], item[2]
+    node_id = getattr(server, "last_node_id", None)
+    node = prompt.get(str(node_id)) if isinstance(prompt, dict) and node_id is not None else None
+    node = node if isinstance(node, dict) else {}
+    meta = node.get("_meta") if isinstance(node.get("_meta"), dict) else {}
+    return {"prompt_id": prompt_id, "node_id": None if node_id is None else str(node_id),
+            "class_type": node.get("class_type"), "title": meta.get("title")}
+
+
+__all__ = ["SaveTarget", "free_bytes", "free_device_memory", "load_vae", "output_directory", "prompt_node",
+           "running_node", "running_prompt", "save_target", "temp_directory", "torch_device", "total_bytes", "unload_models_and_empty_caches"]

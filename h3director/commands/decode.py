@@ -76,8 +76,10 @@ def _job_key(latents_path: Path, args: argparse.Namespace) -> str:
 
 
 def _make_sink(args: argparse.Namespace, out: Path, crf: int, audio_rate: int | None):
+    """The sink `--out`/`--sink` ask for (`h3director.video.sinks.file_sink_for`), after the checks only the CLI
+    has: the extension fits `--sink`, `--resume` and `--audio-vae` fit the output kind."""
     from h3director.errors import InvalidInputError
-    from h3director.video.sinks import FILE_SINK_KINDS, MemmapSink, VideoFileSink
+    from h3director.video.sinks import FILE_SINK_KINDS, file_sink_for
 
     suffix = out.suffix.lower()
     kind = args.sink or ("video" if FILE_SINK_KINDS.get(suffix) == "video" else "memmap")
@@ -86,14 +88,13 @@ def _make_sink(args: argparse.Namespace, out: Path, crf: int, audio_rate: int | 
             f"--out {str(out)!r}: {'--sink ' + kind if args.sink else 'the output'} needs a file ending in "
             f"{' or '.join(SINK_CHOICES[kind])}, got {suffix or 'no extension'!r}"
         )
-    if kind == "video":
-        if args.resume:
-            raise InvalidInputError("--resume works with .npy outputs only (a video file cannot be continued)")
-        return VideoFileSink(out, fps=args.fps, crf=crf, audio_sample_rate=audio_rate)
-    if args.audio_vae:
+    if kind == "video" and args.resume:
+        raise InvalidInputError("--resume works with .npy outputs only (a video file cannot be continued)")
+    if kind != "video" and args.audio_vae:
         raise InvalidInputError("--audio-vae needs a video output (.mp4/.mov/.mkv): a .npy file holds frames only")
-    dtype = "float32" if kind == "memmap-float32" else "uint8"
-    return MemmapSink(out, dtype=dtype, resume=args.resume, job=_job_key(Path(args.latents), args))
+    job = None if kind == "video" else _job_key(Path(args.latents), args)
+    return file_sink_for(out, fps=args.fps, crf=crf, npy_dtype="float32" if kind == "memmap-float32" else "uint8",
+                         resume=args.resume, job=job, audio_sample_rate=audio_rate)
 
 
 def _progress(enabled: bool):

@@ -2,7 +2,7 @@
 
 Runs on the CPU in under a minute with no download: the models are small random-initialised
 configs of the REAL diffusers classes (`AutoencoderKLMiniMaxH3`, `AutoencoderKLMiniMaxH3Audio`,
-see `h3director.integrations.tiny`) and the latents are seeded noise. Two phases, each in a process of its
+see `h3director.commands.demo_vaes`) and the latents are seeded noise. Two phases, each in a process of its
 own (a fresh interpreter, so neither inherits what the other left in the allocator), each
 measured as the peak resident memory above the phase's starting point (the kernel's exact high-water mark,
 reset in that process on Linux) and its wall time; the parent's monitor samples the running phase's RSS for the
@@ -112,6 +112,8 @@ def _phase_process(kind: str, frames: int, width: int, height: int, seed: int, v
 def _run_phase(kind: str, frames: int, width: int, height: int, seed: int, video_path: str):
     import torch
 
+    from h3director.commands import demo_stock
+    from h3director.commands.demo_vaes import tiny_h3_audio_vae, tiny_h3_vae
     from h3director.core.host_heap import pin_decode_threshold
     from h3director.geometry import (
         AUDIO_LATENT_CHANNELS,
@@ -120,11 +122,10 @@ def _run_phase(kind: str, frames: int, width: int, height: int, seed: int, video
         audio_latent_frames_for,
         latent_frames_for,
     )
-    from h3director.integrations import load_vae, stock_h3
-    from h3director.integrations.tiny import tiny_h3_audio_vae, tiny_h3_vae
+    from h3director.integrations import load_vae
     from h3director.video.scheduler import AudioJob, stream_decode
     from h3director.video.sinks import DigestSink, TeeSink, VideoFileSink
-    from h3director.video.sinks_compose import frame_digests
+    from h3director.video.sinks.digest import frame_digests
 
     generator = torch.Generator().manual_seed(seed)
     latents = torch.randn((1, VIDEO_LATENT_CHANNELS, latent_frames_for(frames), height // SPATIAL_RATIO,
@@ -135,8 +136,8 @@ def _run_phase(kind: str, frames: int, width: int, height: int, seed: int, video
         vae.decode(latents[:, :, :3, :4, :4])
     if kind == "stock":
         def work():
-            video = stock_h3.stock_video_decode(vae, latents)
-            return video, stock_h3.stock_uint8_frames(video), stock_h3.stock_audio_decode(audio_vae, audio_latents)
+            video = demo_stock.stock_video_decode(vae, latents)
+            return video, demo_stock.stock_uint8_frames(video), demo_stock.stock_audio_decode(audio_vae, audio_latents)
 
         measured, (video, uint8, audio) = _measure(work)
         return measured, frame_digests(video[0], frame_axis=1), frame_digests(uint8[0], frame_axis=0), audio, None

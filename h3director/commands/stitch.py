@@ -39,13 +39,13 @@ def add_arguments(parser) -> None:
 
 
 def _run_latents(args) -> int:
-    from h3director.av.stitch_latents import check_latent_chain, decode_stitched
     from h3director.core.atomic_file import check_output_path
     from h3director.core.host_heap import pin_decode_threshold
     from h3director.errors import InvalidInputError
     from h3director.integrations.load_vae import audio_adapter_for, load_vae, video_adapter_for
     from h3director.video.latent_file import read_latent_file
-    from h3director.video.sinks_video import CONTAINER_FORMATS, VideoFileSink
+    from h3director.video.sinks.video_file import CONTAINER_FORMATS, VideoFileSink
+    from h3director.video.stitch_latents import check_latent_chain, decode_stitched
 
     if args.blend == "crossfade":
         raise InvalidInputError("latent mode joins by a cut in latent space; --blend crossfade does not apply")

@@ -110,7 +110,7 @@ def free_caches(device: str | torch.device) -> None:
     """Run Python's collector and empty the device's allocator cache (CUDA / MPS; nothing more for the CPU).
 
     The one "free caches" helper: the guard's default cache clearer and the decode's clip retry
-    (`h3director.video.faults.free_memory`) both call it.
+    both call it.
     """
     gc.collect()
     kind = torch.device(device).type

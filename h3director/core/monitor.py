@@ -1,4 +1,5 @@
-"""A background memory sampler with named phases, per-phase peaks and exports.
+"""A background memory sampler with named phases and per-phase peaks; its `MonitorReport` and the exports are in
+`h3director.core.monitor_report`.
 
     with Monitor(interval_ms=100, devices=("cpu", "cuda:0"), budget_bytes=16 * GiB) as mon:
         with mon.phase("sample"):
@@ -29,21 +30,15 @@ cost (see ``bench/monitor_overhead.py``).
 from __future__ import annotations
 
 import contextlib
-import csv
-import json
 import math
-import os
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import psutil
 
-from h3director.core.atomic_file import atomic_path
 from h3director.core.devices import (
     linux_rss_and_peak,
     nvml_process_gpu_bytes,
@@ -51,169 +46,11 @@ from h3director.core.devices import (
     process_rss_bytes,
     sample_device,
 )
+from h3director.core.monitor_report import MonitorReport, PhaseSpan, Sample
 from h3director.errors import InvalidInputError
-from h3director.units import format_size
 
 MIN_INTERVAL_MS = 1
 MAX_INTERVAL_MS = 60_000
-
-
-@dataclass
-class Sample:
-    """One sample: ``t`` seconds since the monitor started, the innermost active phases, series values."""
-
-    t: float
-    wall: float
-    phases: tuple[str, ...]
-    values: dict[str, float | None]
-
-
-@dataclass
-class PhaseSpan:
-    """A phase as it ran: seconds since the monitor started."""
-
-    name: str
-    start: float
-    end: float | None
-
-
-@dataclass
-class MonitorReport:
-    """Everything a monitor recorded; plain data, exportable and re-loadable (`from_json`).
-
-    ``phase_peaks[phase][series]`` is the largest sampled value of that series while the phase
-    was active (nested phases count for every enclosing phase); ``peaks[series]`` is over the
-    whole run. Values of series whose unit is ``"bytes"`` are bytes.
-    """
-
-    interval_ms: float
-    series: list[str]
-    units: dict[str, str]
-    samples: list[Sample]
-    phases: list[PhaseSpan]
-    budget_bytes: int | None = None
-    overhead: dict[str, float] = field(default_factory=dict)
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def peaks(self) -> dict[str, float]:
-        return _peaks(self.samples, self.series)
-
-    @property
-    def phase_peaks(self) -> dict[str, dict[str, float]]:
-        names = list(dict.fromkeys(span.name for span in self.phases))
-        return {name: _peaks([s for s in self.samples if name in s.phases], self.series) for name in names}
-
-    def values(self, series: str) -> list[float | None]:
-        """The sampled values of one series, in time order."""
-        if series not in self.series:
-            raise InvalidInputError(f"no series {series!r} in this report; it has {', '.join(self.series)}")
-        return [sample.values.get(series) for sample in self.samples]
-
-    def times(self) -> list[float]:
-        return [sample.t for sample in self.samples]
-
-    # --- exports ------------------------------------------------------------------------------
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "interval_ms": self.interval_ms,
-            "series": self.series,
-            "units": self.units,
-            "budget_bytes": self.budget_bytes,
-            "phases": [asdict(span) for span in self.phases],
-            "peaks": self.peaks,
-            "phase_peaks": self.phase_peaks,
-            "overhead": self.overhead,
-            "metadata": self.metadata,
-            "samples": [
-                {"t": s.t, "wall": s.wall, "phases": list(s.phases), "values": s.values} for s in self.samples
-            ],
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> MonitorReport:
-        return cls(
-            interval_ms=data["interval_ms"],
-            series=list(data["series"]),
-            units=dict(data["units"]),
-            samples=[Sample(s["t"], s["wall"], tuple(s["phases"]), dict(s["values"])) for s in data["samples"]],
-            phases=[PhaseSpan(**span) for span in data["phases"]],
-            budget_bytes=data.get("budget_bytes"),
-            overhead=dict(data.get("overhead", {})),
-            metadata=dict(data.get("metadata", {})),
-        )
-
-    def to_json(self, path: str | os.PathLike) -> Path:
-        """Write the report as JSON (atomically: temporary name, then rename). Returns the path."""
-        return _atomic_write(path, lambda handle: json.dump(self.to_dict(), handle, indent=1), newline=None)
-
-    @classmethod
-    def from_json(cls, path: str | os.PathLike) -> MonitorReport:
-        with open(path, encoding="utf-8") as handle:
-            return cls.from_dict(json.load(handle))
-
-    def to_csv(self, path: str | os.PathLike) -> Path:
-        """One row per sample: ``t_s, wall, phase`` (innermost, ``/``-joined when nested), then each series."""
-
-        def write(handle):
-            writer = csv.writer(handle)
-            writer.writerow(["t_s", "wall", "phase", *self.series])
-            for s in self.samples:
-                row = [f"{s.t:.6f}", f"{s.wall:.6f}", "/".join(s.phases)]
-                row += ["" if s.values.get(name) is None else _number(s.values[name]) for name in self.series]
-                writer.writerow(row)
-
-        return _atomic_write(path, write, newline="")
-
-    def plot(self, path: str | os.PathLike, *, title: str | None = None) -> Path:
-        """PNG timeline: each series over time, phase bands, peak marks, the budget line (matplotlib)."""
-        from h3director.core.timeline_plot import plot_timeline
-
-        return plot_timeline(self, path, title=title)
-
-    def summary_table(self) -> str:
-        """Plain-text table: rows = the whole run and each phase, columns = peak of each series."""
-        rows = [("(whole run)", self.peaks)] + list(self.phase_peaks.items())
-        header = ["phase", *self.series]
-        body = [[name] + [self._format(series, peaks.get(series)) for series in self.series] for name, peaks in rows]
-        widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(len(header))]
-        lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) for row in [header, *body]]
-        lines.insert(1, "  ".join("-" * width for width in widths))
-        if self.budget_bytes is not None:
-            lines.append(f"budget: {format_size(self.budget_bytes)}")
-        if self.overhead:
-            o = self.overhead
-            lines.append(
-                f"samples: {int(o.get('samples', 0))} at {o.get('achieved_hz', 0):.1f}/s "
-                f"(requested {o.get('requested_hz', 0):.1f}/s), sampler CPU {o.get('cpu_per_sample_us', 0):.0f} us/sample"
-            )
-        return "\n".join(lines)
-
-    def _format(self, series: str, value: float | None) -> str:
-        if value is None:
-            return "-"
-        return format_size(value) if self.units.get(series) == "bytes" else f"{value:.4g}"
-
-
-def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-
-def _peaks(samples: Sequence[Sample], series: Sequence[str]) -> dict[str, float]:
-    peaks: dict[str, float] = {}
-    for name in series:
-        values = [s.values.get(name) for s in samples]
-        finite = [v for v in values if v is not None and not math.isnan(v)]
-        if finite:
-            peaks[name] = max(finite)
-    return peaks
-
-
-def _atomic_write(path: str | os.PathLike, write: Callable[[Any], None], *, newline: str | None) -> Path:
-    with atomic_path(path) as temporary, open(temporary, "w", encoding="utf-8", newline=newline) as handle:
-        write(handle)
-    return Path(path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -524,4 +361,4 @@ class ProcessTree:
         return float(sum(usage.get(pid, 0) for pid in self._last_pids))
 
 
-__all__ = ["Monitor", "MonitorReport", "PhaseSpan", "ProcessTree", "Sample"]
+__all__ = ["Monitor", "ProcessTree"]

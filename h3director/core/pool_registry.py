@@ -46,10 +46,4 @@ def held_pools() -> dict[str, SlotPool]:
         return {device: pool for device, (_, pool) in _pools.items()}
 
 
-def drop_pools() -> None:
-    """Forget every pool (their memory returns once their last leases are gone)."""
-    with _lock:
-        _pools.clear()
-
-
 __all__ = ["held_pools", "process_pool"]

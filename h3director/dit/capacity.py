@@ -66,21 +66,24 @@ def check_mode(mode: str) -> str:
 
 
 def ledger_cost_model(shape: DiTShape | None = None, framework: str = "diffusers", attention: str = "flash",
-                      device: Any = None) -> DiTCostModel:
+                      device: Any = None, linears: Any = None) -> DiTCostModel:
     """A cost model from the planner's ledgers for `framework` ("diffusers" or "comfy"); `shape` default:
     the released H3 DiT. Norms are priced fused (one output each) except for diffusers on the CPU: there
     PyTorch's `rms_norm` is composite (float32 temporaries) under `torch.no_grad()`, which diffusers
-    pipelines use, and fused under `torch.inference_mode()`, which ComfyUI's executor uses."""
+    pipelines use, and fused under `torch.inference_mode()`, which ComfyUI's executor uses. `linears`: the
+    blocks' quantised linears as the tiers run them (`plan.quantised_bytes.BlockLinears`, ComfyUI)."""
     fused = device is None or _kind(device) != "cpu" or framework == "comfy"
-    return DiTCostModel(shape or DiTShape(), framework, attention, fused_norms=fused)
+    return DiTCostModel(shape or DiTShape(), framework, attention, fused_norms=fused, linears=linears)
 
 
 def default_capacity(shape: DiTShape | None, framework: str, device: Any, budget_bytes: int | None = None,
-                     attention: str = "flash") -> CapacityCheck:
+                     attention: str = "flash", linears: Any = None) -> CapacityCheck:
     """The capacity check an adapter uses when the caller gives none: `ledger_cost_model(shape, framework,
-    attention, device)` on `device` (`shape` None: the released H3 DiT), capped by `budget_bytes` (bytes;
-    None = what the device can give), with the default margin."""
-    return CapacityCheck(ledger_cost_model(shape, framework, attention, device), device, budget_bytes=budget_bytes)
+    attention, device, linears)` on `device` (`shape` None: the released H3 DiT; `linears`: the blocks'
+    quantised linears, `plan.quantised_bytes.BlockLinears`), capped by `budget_bytes` (bytes; None = what the
+    device can give), with the default margin."""
+    return CapacityCheck(ledger_cost_model(shape, framework, attention, device, linears), device,
+                         budget_bytes=budget_bytes)
 
 
 def _kind(device: Any) -> str:

@@ -92,8 +92,12 @@ class DiTMemoryHandle:
       property the tier relies on passed `verify-kernels` for this device, dtype, threads and row class),
       unverified, kept_stock_unverified ("exact only": floor techniques run stock), need_bytes / have_bytes /
       escalated (when a capacity check ran), forward (its number), and what the adapter adds (ComfyUI:
-      kept_stock, reclaimable_bytes, foreign_patches / runs / skipped / director_blocks (other packs' patches
-      on the blocks, `integrations.comfy_dit_foreign`), measured_peak_bytes and calibration on CUDA);
+      kept_stock (layers that kept their stock call, with the reason), quantised (quantised layers run chunked:
+      layout, kernel path, activation quantisation, exactness class), reclaimable_bytes, foreign_patches / runs /
+      skipped / director_blocks (other packs' patches on the blocks, `integrations.comfy_dit_foreign`),
+      measured_peak_bytes and calibration on CUDA);
+    - `quantised`: one line per quantised linear of the blocks, what the tiers do with it (chunked, or kept
+      stock with the reason; the adapter fills it: ComfyUI's `comfy_quant.block_decisions`);
     - `foreign_at_install`: other packs' patches the adapter found at install (ComfyUI); `notify`: called with
       the text when a forward finds other packs' patches changed (the ComfyUI node shows it);
     - `reports`: forwards recorded; `block_calls`: blocks run under a tier (ComfyUI); `remove()`: uninstall
@@ -113,6 +117,7 @@ class DiTMemoryHandle:
     reports: int = 0
     block_calls: int = 0
     removed: bool = False
+    quantised: list[str] = field(default_factory=list)
     verification: VerificationCache = field(default_factory=VerificationCache, repr=False)
     uninstall: Callable[[], None] | None = field(default=None, repr=False)
     foreign_at_install: list = field(default_factory=list)
@@ -169,7 +174,9 @@ class DiTMemoryHandle:
         if report["tier"] != last.get("tier") or report["rows"] != last.get("rows"):
             log.info("H3 Director DiT memory: %s (%s; %s) for %s rows%s", report["tier"], report["exactness"],
                      report["exactness_detail"], report["rows"],
-                     "".join(f"; {note}" for note in report.get("kept_stock_unverified", ())))
+                     "".join(f"; {note}" for note in (*report.get("kept_stock_unverified", ()),
+                                                      *(f"kept stock: {k}" for k in report.get("kept_stock", ())),
+                                                      *report.get("quantised", ()))))
         self.reports += 1
         report["forward"] = self.reports
         self.last_report = report
@@ -208,6 +215,9 @@ class DiTMemoryHandle:
             if self.mode == "exact only":
                 lines.append("'exact only' runs a technique only where verify-kernels verified it for the forward's "
                              "row class on this device; otherwise that part keeps the stock op (logged)")
+        if self.quantised:
+            lines.append("quantised layers (per block):")
+            lines.extend(f"  {line}" for line in self.quantised)
         lines.append("the tier each forward runs is logged as 'H3 Director DiT memory: ...'")
         return "\n".join(lines)
 

@@ -173,7 +173,8 @@ class PipelineHost:
     `run(job_id, request, work_dir)` runs one job and returns a `comfy_server.RunResult`-shaped dict.
     `device`: a torch device name; None takes CUDA's current device when there is one, else the CPU.
     `config`: the `H3Config` whose memory level chooses the decode (None: `load_config()` in the worker's
-    process, as the CLI reads it). `fault_injector` goes to the streaming decode (tests: `OomOnClip`).
+    process, as the CLI reads it). `fault_injector` goes to the streaming decode (tests: `OomOnClip` in
+    `fixtures/oom_injection.py`).
     `last_decode` is the `DecodeReport` of the last decode that finished (its ``path`` and ``notes`` say
     which decode ran)."""
 

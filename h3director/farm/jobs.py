@@ -255,17 +255,6 @@ def unknown_classes(job: Job, known: set[str]) -> list[str]:
     return sorted(job.classes - known)
 
 
-def with_inputs(workflow: dict, by_class: dict[str, dict]) -> dict:
-    """A copy of `workflow` with `by_class[class_type]` merged into the inputs of every node of that
-    class (the settings of a plan rung: decode budget, DiT chunking)."""
-    result = copy.deepcopy(workflow)
-    for node in result.values():
-        extra = by_class.get(node["class_type"])
-        if extra:
-            node.setdefault("inputs", {}).update(extra)
-    return result
-
-
 def with_output_prefix(workflow: dict, job_id: str) -> dict:
     """A copy whose literal ``filename_prefix`` inputs save under ``h3farm/<job_id>/`` (unique per job,
     and a changed input makes ComfyUI run the saving node again instead of answering from its cache)."""

@@ -37,6 +37,9 @@ CREATE TABLE IF NOT EXISTS attempts (
 
 @dataclass(frozen=True)
 class JobRow:
+    """One job's row in the farm ledger: state, tries, planner rung and settings, where it ran, predicted and
+    measured peak (bytes), start and end (Unix seconds), output path."""
+
     id: str
     state: str
     attempts: int

@@ -37,6 +37,7 @@ def final_table(rows, title: str = "H3 farm"):
 
 
 def counts_line(counts: dict[str, int]) -> str:
+    """One line from job counts by state (needs done, running, queued, failed and refused): "D/T done, ..."."""
     total = sum(counts.values())
     return f"{counts['done']}/{total} done, {counts['running']} running, {counts['queued']} queued, " \
            f"{counts['failed']} failed, {counts['refused']} refused"

@@ -23,6 +23,8 @@ def _watch(parent: int) -> None:
 
 
 def main(argv: list[str]) -> None:
+    """`argv` = [PARENT_PID, COMFYUI_DIR, main.py arguments...]: run ComfyUI's main.py here, exiting (status 3)
+    as soon as the parent process is gone. Returns when main.py returns."""
     parent, root, *args = argv
     threading.Thread(target=_watch, args=(int(parent),), daemon=True, name="h3farm-parent-watch").start()
     os.chdir(root)

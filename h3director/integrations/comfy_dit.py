@@ -79,11 +79,14 @@ def _comfy():
     return h3, mm, ops, quant_ops
 
 
-def linear_kind(layer) -> tuple[str, str | None]:
-    """How `run_block` may use a linear layer: ("cast" | "plain" | "gguf", None) when its forward is
-    `F.linear` with (cast, or dequantised) weights, so weight rows can be sliced; ("stock", reason) when it
-    must be called as is. "gguf": a layer of the GGUF DiT loader (`h3director.integrations.comfy_gguf`),
-    whose forward is `F.linear(x, *layer.gguf_weight_bias(x))`."""
+def linear_kind(layer, use: str = "rows", for_act: bool = False) -> tuple[str, str | None]:
+    """How `run_block` may use a linear layer for `use` ("rows": input row chunks, "weight_rows": head-group
+    slices of the output rows): ("cast" | "plain" | "gguf", None) when its forward is `F.linear` with (cast,
+    or dequantised) weights, so weight rows can be sliced; ("quant", None) for a ComfyUI quantised layer
+    whose layout chunks that way through its own op (`h3director.integrations.comfy_quant`; `for_act`: the
+    layer is fc2, called through `linear_input_act`); ("stock", reason) when it must be called as is.
+    "gguf": a layer of the GGUF DiT loader (`h3director.integrations.comfy_gguf`), whose forward is
+    `F.linear(x, *layer.gguf_weight_bias(x))`."""
     import torch
 
     _, _, ops, quant_ops = _comfy()
@@ -95,9 +98,11 @@ def linear_kind(layer) -> tuple[str, str | None]:
             return "gguf", None
         casts = bool(layer.comfy_cast_weights or layer.weight_function or layer.bias_function)
         return ("cast" if casts else "plain"), None      # stored unquantised: the base layer's forward
-    if (isinstance(weight, quant_ops.QuantizedTensor) or getattr(layer, "layout_type", None) is not None
-            or getattr(layer, "pre_quant_scale", None) is not None):
-        return "stock", "quantised weights"
+    from h3director.integrations import comfy_quant
+
+    if comfy_quant.is_quantised(layer):
+        kind, reason, _ = comfy_quant.classify(layer, use, for_act)
+        return kind, reason
     cls = type(layer)
     base = ops.disable_weight_init.Linear
     if cls.forward is base.forward and cls.forward_comfy_cast_weights is base.forward_comfy_cast_weights:
@@ -129,11 +134,44 @@ class _Weights:
         bias = None if self.bias is None else self.bias[start:stop]
         return self.weight[start:stop], bias
 
+    def prepare(self, x):
+        return x
+
+    def linear(self, x, start: int | None = None, stop: int | None = None, prepared: bool = False):
+        """`F.linear` of rows `x` with output columns `start:stop` (all when None)."""
+        import torch.nn.functional as F
+
+        return F.linear(x, *((self.weight, self.bias) if start is None else self.rows(start, stop)))
+
+    def act_input(self, h, swiglu, start: int, stop: int, total: int):
+        """fc2's input from fc1's output rows `start:stop` of `total`: SwiGLU(`h`) (`blocks.swiglu_rows`)."""
+        return swiglu_rows(swiglu, h, start, stop, total)
+
+    def linear_act(self, x):
+        """fc2 of what `act_input` returned."""
+        return self.linear(x)
+
     def release(self) -> None:
         if self.stream is not None:
             _, _, ops, _ = _comfy()
             ops.uncast_bias_weight(self.layer, self.weight, self.bias, self.stream)
         self.weight = self.bias = self.stream = None
+
+
+def _weights(layer, kind: str, like, for_act: bool = False):
+    """The per-block weights of a layer `linear_kind` called `kind` (not "stock")."""
+    if kind == "quant":
+        from h3director.integrations.comfy_quant import QuantWeights
+
+        return QuantWeights(layer, like, for_act)
+    return _Weights(layer, kind, like)
+
+
+def _note_quantised(notes: set[str] | None, layer, name: str, use: str, for_act: bool = False) -> None:
+    if notes is not None:
+        from h3director.integrations.comfy_quant import report_line
+
+        notes.add(report_line(layer, name, use, for_act))
 
 
 def consumes_containers(transformer_options: dict) -> bool:
@@ -178,33 +216,36 @@ def _norm_rope(attn, q, k, rope_freqs, rows: int, heads: int):
     return q[0], k[0]
 
 
-def _attention(attn, plan: DiTMemoryPlan, hold: list, rope_freqs, transformer_options: dict, kept: set[str]):
+def _attention(attn, plan: DiTMemoryPlan, hold: list, rope_freqs, transformer_options: dict, kept: set[str],
+               quantised: set[str] | None = None):
     """The attention branch (`Attention.forward` + nothing else) of one block; `hold` holds the modulated
     input, which this drops after the last projection that reads it."""
     import torch
-    import torch.nn.functional as F
 
     h3, _, _, _ = _comfy()
     rows = hold[0].shape[0]
     heads, d = attn.heads, attn.head_dim
     inner = heads * d
     consume = consumes_containers(transformer_options)
-    kind, reason = linear_kind(attn.qkv_proj)
-    if kind == "stock":
+    kind, reason = linear_kind(attn.qkv_proj, "weight_rows")
+    if kind == "stock" and plan.head_chunks > 1:
         kept.add(f"qkv_proj ({reason}): projected whole")
+    elif kind == "quant" and plan.head_chunks > 1:
+        _note_quantised(quantised, attn.qkv_proj, "qkv_proj", "weight_rows")
     fused = kind == "stock" or plan.head_chunks == 1
     state: dict[str, Any] = {}
     if fused:
         if kind == "stock":
             state["qkv"] = attn.qkv_proj(hold.pop())
         else:
-            weights = _Weights(attn.qkv_proj, kind, hold[0])
+            weights = _weights(attn.qkv_proj, kind, hold[0])
             try:
-                state["qkv"] = F.linear(hold.pop(), weights.weight, weights.bias)
+                state["qkv"] = weights.linear(hold.pop())
             finally:
                 weights.release()
     else:
-        weights = _Weights(attn.qkv_proj, kind, hold[0])
+        weights = _weights(attn.qkv_proj, kind, hold[0])
+        hold[0] = weights.prepare(hold[0])   # a quantised layer's input transform, once for every group
     single = plan.head_chunks == 1 and len(row_ranges(rows, plan.query_chunks, QUERY_ALIGN)) == 1
 
     def project(h0: int, h1: int):
@@ -216,7 +257,8 @@ def _attention(attn, plan: DiTMemoryPlan, hold: list, rope_freqs, transformer_op
                 del state["qkv"]
         else:
             x = hold[0]
-            q, k, v = (F.linear(x, *weights.rows(part * inner + h0 * d, part * inner + h1 * d)) for part in range(3))
+            q, k, v = (weights.linear(x, part * inner + h0 * d, part * inner + h1 * d, prepared=True)
+                       for part in range(3))
             del x
             if h1 == heads:
                 hold.pop()
@@ -250,26 +292,30 @@ def _attention(attn, plan: DiTMemoryPlan, hold: list, rope_freqs, transformer_op
     return attn.out_proj(state.pop("out"))
 
 
-def _ffn(block, plan: DiTMemoryPlan, x, terms: list, segments, kept: set[str]) -> None:
+def _ffn(block, plan: DiTMemoryPlan, x, terms: list, segments, kept: set[str],
+         quantised: set[str] | None = None) -> None:
     """The FFN half of the block, added into `x` in place (norm2 ... gated residual per row chunk).
 
     `terms` is `[shift, scale, gate]`, the FFN half of the modulation table; shift and scale are dropped
     from it once the last row range is modulated, so with one range they are gone before fc1 runs."""
-    import torch.nn.functional as F
 
     h3, _, ops, _ = _comfy()
     mlp = block.mlp
-    kind1, reason1 = linear_kind(mlp.fc1)
-    kind2, reason2 = linear_kind(mlp.fc2)
+    kind1, reason1 = linear_kind(mlp.fc1, "rows")
+    kind2, reason2 = linear_kind(mlp.fc2, "rows", for_act=True)
     chunks = plan.ffn_chunks
     if kind1 == "stock" or kind2 == "stock":
         for name, kind, reason in (("fc1", kind1, reason1), ("fc2", kind2, reason2)):
-            if kind == "stock":
+            if kind == "stock" and chunks > 1:
                 kept.add(f"mlp.{name} ({reason}): FFN in one chunk")
         chunks = 1
-    w1 = _Weights(mlp.fc1, kind1, x) if kind1 != "stock" else None
+    elif chunks > 1:
+        for name, layer, kind, act in (("fc1", mlp.fc1, kind1, False), ("fc2", mlp.fc2, kind2, True)):
+            if kind == "quant":
+                _note_quantised(quantised, layer, f"mlp.{name}", "rows", act)
+    w1 = _weights(mlp.fc1, kind1, x) if kind1 != "stock" else None
     try:
-        w2 = _Weights(mlp.fc2, kind2, x) if kind2 != "stock" else None
+        w2 = _weights(mlp.fc2, kind2, x, for_act=True) if kind2 != "stock" else None
     except BaseException:
         if w1 is not None:
             w1.release()
@@ -282,10 +328,10 @@ def _ffn(block, plan: DiTMemoryPlan, x, terms: list, segments, kept: set[str]) -
         t = h3._mod_scale_shift(block.norm2(xs), terms[0], terms[1], segs)
         if b == x.shape[0]:
             terms[0] = terms[1] = None
-        t = F.linear(t, w1.weight, w1.bias) if w1 is not None else mlp.fc1(t)
+        t = w1.linear(t) if w1 is not None else mlp.fc1(t)
         if w2 is not None:
-            t = swiglu_rows(swiglu, t, a, b, x.shape[0])
-            t = F.linear(t, w2.weight, w2.bias)
+            t = w2.act_input(t, swiglu, a, b, x.shape[0])     # fc1's output dies here, before fc2 runs
+            t = w2.linear_act(t)
         else:
             t = ops.linear_input_act(mlp.fc2, t, "swiglu")
         h3._mod_gate(xs, terms[2], t, segs)
@@ -299,11 +345,12 @@ def _ffn(block, plan: DiTMemoryPlan, x, terms: list, segments, kept: set[str]) -
 
 
 def run_block(block, plan: DiTMemoryPlan, x, t_emb, mod_segments, rope_freqs, transformer_options: dict,
-              kept: set[str] | None = None, foreign: dict[str, str] | None = None):
+              kept: set[str] | None = None, quantised: set[str] | None = None, foreign: dict[str, str] | None = None):
     """ComfyUI's H3 `DiTBlock.forward` under `plan` (not STOCK): same ops, same order; `x` (the packed
     residual stream, `[rows, hidden]`) is updated in place and returned, as the stock block does.
-    `kept` collects the projections that kept their stock call (quantised or unrecognised ops). `foreign`
-    ({"attention" | "ffn": origin}): parts another pack patched, which run as the stock block runs them
+    `kept` collects the projections that kept their stock call (quantised layouts that cannot chunk, or
+    unrecognised ops) with the reason; `quantised` the quantised layers chunked, with layout and exactness.
+    `foreign` ({"attention" | "ffn": origin}): parts another pack patched, which run as the stock block runs them
     (the module calls `block.attn(...)` / `block.mlp(...)`, so that pack's patch acts) instead of the tier."""
     import torch
 
@@ -316,7 +363,7 @@ def run_block(block, plan: DiTMemoryPlan, x, t_emb, mod_segments, rope_freqs, tr
     if "attention" in foreign:
         attn_out = block.attn(hold.pop(), rope_freqs=rope_freqs, transformer_options=transformer_options)
     else:
-        attn_out = _attention(block.attn, plan, hold, rope_freqs, transformer_options, kept)
+        attn_out = _attention(block.attn, plan, hold, rope_freqs, transformer_options, kept, quantised)
     x = h3._mod_gate(x, gate_msa, attn_out, mod_segments)
     del attn_out, gate_msa
     # The six terms are views of one table; copies of the FFN's three (same values) let the table die
@@ -325,7 +372,7 @@ def run_block(block, plan: DiTMemoryPlan, x, t_emb, mod_segments, rope_freqs, tr
         h = h3._mod_scale_shift(block.norm2(x), ffn_terms[0], ffn_terms[1], mod_segments)
         return h3._mod_gate(x, ffn_terms[2], block.mlp(h), mod_segments)
     ffn_terms = [term.clone(memory_format=torch.contiguous_format) for term in ffn_terms]
-    _ffn(block, plan, x, ffn_terms, mod_segments, kept)
+    _ffn(block, plan, x, ffn_terms, mod_segments, kept, quantised)
     return x
 
 
@@ -395,16 +442,19 @@ def forward_capacity(diffusion_model, device, transformer_options: dict, handle:
     use, then `handle.own_capacity`), or without a handle a new one with no budget. Built:
     `h3director.dit.capacity.default_capacity` with the planner's ledger of ComfyUI's H3 block at the model's
     widths and the attention backend this forward calls (`attention_ledger_kind`), on `device`, under the
-    handle's budget; a model that is not ComfyUI's H3 DiT is priced at the released widths with a fused
-    kernel. The DiT Memory node and the Memory Guard both price forwards through this function."""
+    handle's budget, with the blocks' quantised linears (`comfy_quant.block_linears`); a model that is not
+    ComfyUI's H3 DiT is priced at the released widths with a fused kernel. The DiT Memory node and the Memory Guard both price forwards through this function."""
     from h3director.dit.capacity import default_capacity
 
     if handle is not None and handle.capacity is not None:
         return handle.capacity
+    from h3director.integrations.comfy_quant import block_linears
+
     h3 = is_h3_model(diffusion_model)
     check = default_capacity(comfy_shape(diffusion_model) if h3 else None, "comfy", device,
                              handle.budget_bytes if handle is not None else None,
-                             attention_ledger_kind(transformer_options) if h3 else "flash")
+                             attention_ledger_kind(transformer_options) if h3 else "flash",
+                             block_linears(diffusion_model.blocks[0], device) if h3 else None)
     if handle is not None:
         handle.capacity, handle.own_capacity = check, True
     return check
@@ -495,7 +545,7 @@ class _BlockPatch:
         self.handle.block_calls += 1
         active["ran"][self.index] = {part: parts.get(part, DIRECTOR) for part in ("attention", "ffn")}
         img = run_block(block, active["plan"], args["img"], args["t_emb"], args["mod_segments"], args["rope_freqs"],
-                        args["transformer_options"], active["kept"], parts)
+                        args["transformer_options"], active["kept"], active["quantised"], foreign=parts)
         return {"img": img}
 
 
@@ -520,8 +570,11 @@ class _ForwardWrapper:
         plan, report = handle.decide(rows, context.dtype, device)
         if handle.own_capacity:
             report["reclaimable_bytes"] = capacity.reclaimable_bytes
+        from h3director.integrations.comfy_quant import check_model_head_groups
+
+        check_model_head_groups(model.blocks, plan.head_chunks)   # before the forward: a layout's row group
         found = foreign_patches.scan_model(model, transformer_options or {}, PATCH_NAME, PATCH_BLOCK, own_entries())
-        active = {"model": model, "plan": plan, "kept": set(), "ran": {},
+        active = {"model": model, "plan": plan, "kept": set(), "quantised": set(), "ran": {},
                   "foreign": foreign_patches.parts_by_block(found)}
         measure = device.type == "cuda"
         if measure:
@@ -534,6 +587,7 @@ class _ForwardWrapper:
         finally:
             self.forwards.active = outer
         report["kept_stock"] = sorted(active["kept"])
+        report["quantised"] = sorted(active["quantised"])
         _report_foreign(handle, report, found, active["ran"], len(model.blocks))
         peak = torch.cuda.max_memory_allocated(device) - base if measure else None
         handle.record(report, plan, peak, context.dtype)
@@ -576,6 +630,10 @@ def install(model_patcher, head_chunks: int = 1, ffn_chunks: int = 1, query_chun
     handle = memory_handle(head_chunks, ffn_chunks, query_chunks, mode=mode, heads=model.blocks[0].attn.heads,
                            blocks=len(model.blocks), budget_bytes=budget_bytes, capacity=capacity,
                            widths=kernel_widths(model))
+    from h3director.integrations.comfy_quant import block_decisions, check_model_head_groups
+
+    check_model_head_groups(model.blocks, handle.floor.head_chunks)
+    handle.quantised = block_decisions(model.blocks[0])
     handle.foreign_at_install = check_conflicts(model_patcher)
     from comfy.patcher_extension import WrappersMP
 

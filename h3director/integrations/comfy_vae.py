@@ -10,7 +10,7 @@ whole video, in the same dtype on the same device:
 - the padding copies of the last latent frame are appended as `decode_temporal` does;
 - each clip is decoded by `first_stage_model._adaptive_decode` (ComfyUI's 256 px spatial tiling);
 - cross-fade, trim and the final ``clamp(x * pixel_std + pixel_mean, 0, 1)`` in float32 are the
-  scheduler's and sinks' (`h3director.video.crossfade`, `h3director.video.pixels`), which perform
+  scheduler's and sinks' (`h3director.video.crossfade`, `h3director.video.sinks.pixels`), which perform
   the same float operations as ComfyUI's `blend` and `_finalize_pixels`.
 
 So the frames equal ComfyUI's `VAEDecode` output bit for bit (checked against a real ComfyUI in

@@ -15,38 +15,19 @@ Two backends compute the same bytes:
 from __future__ import annotations
 
 import os
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from h3director.native import _common
 from h3director.native._arena import Arena, ArenaFullError, ArenaStats, Lease
-
-_BACKEND_ENV = "H3_NATIVE"  # "numpy" forces the fallback, "c" makes a missing library an error
-
-
-def implementation(name: str | None = None) -> ModuleType:
-    """The backend module for `name` ("c", "numpy", or None for the active one). `InvalidInputError` for
-    any other name, also from ``H3_NATIVE``."""
-    wanted = name or os.environ.get(_BACKEND_ENV, "").strip().lower() or None
-    if wanted not in (None, "c", "numpy"):
-        raise _common.InvalidInputError(f"backend must be 'c' or 'numpy', got {wanted!r}")
-    if wanted != "numpy":
-        from h3director.native import _loader
-
-        module = _loader.c_backend(required=wanted == "c")
-        if module is not None:
-            return module
-    from h3director.native import _fallback
-
-    return _fallback
+from h3director.native._loader import BACKEND_ENV, implementation
 
 
 def describe() -> str:
     """One line for `h3director doctor`: the active backend and, for C, the library's path."""
-    if os.environ.get(_BACKEND_ENV, "").strip().lower() == "numpy":
-        return f"numpy (forced by {_BACKEND_ENV}=numpy)"
+    if os.environ.get(BACKEND_ENV, "").strip().lower() == "numpy":
+        return f"numpy (forced by {BACKEND_ENV}=numpy)"
     from h3director.native import _loader
 
     return _loader.describe()

@@ -147,7 +147,7 @@ class Arena:
         if release_threshold is not None and release_threshold <= 0:
             raise InvalidInputError(f"release_threshold must be positive or None, got {release_threshold!r}")
         capacity = -(-int(capacity_bytes) // int(alignment)) * int(alignment)
-        from h3director.native import implementation
+        from h3director.native._loader import implementation
 
         self._impl = implementation(backend)
         self._engine = self._impl.ArenaEngine(capacity, int(alignment), int(release_threshold or 0))

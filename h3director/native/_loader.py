@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from h3director.errors import InvalidInputError
+
 ABI_VERSION = 1
 LIBRARY_ENV = "H3_NATIVE_LIB"
 
@@ -145,3 +147,21 @@ def describe() -> str:
     if state.backend == "numpy":
         return f"numpy fallback ({state.reason})"
     return f"c ({state.library}, ABI {ABI_VERSION}{', built on first use' if state.built_now else ''})"
+
+
+BACKEND_ENV = "H3_NATIVE"  # "numpy" forces the fallback, "c" makes a missing library an error
+
+
+def implementation(name: str | None = None) -> ModuleType:
+    """The backend module for `name` ("c", "numpy", or None for the active one). `InvalidInputError` for
+    any other name, also from ``H3_NATIVE``."""
+    wanted = name or os.environ.get(BACKEND_ENV, "").strip().lower() or None
+    if wanted not in (None, "c", "numpy"):
+        raise InvalidInputError(f"backend must be 'c' or 'numpy', got {wanted!r}")
+    if wanted != "numpy":
+        module = c_backend(required=wanted == "c")
+        if module is not None:
+            return module
+    from h3director.native import _fallback
+
+    return _fallback

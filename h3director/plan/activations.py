@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from h3director.errors import InvalidInputError
 from h3director.plan.dtypes import dtype_bytes
 from h3director.plan.ledger import ByteLedger
+from h3director.plan.quantised_bytes import BlockLinears
 
 FP32 = 4
 INDEX = 8          # int64 index tensors
@@ -419,8 +420,17 @@ def _diffusers_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, atte
         sections["ffn"] = ledger.peak
 
 
+def _quantised_call(ledger: ByteLedger, call, rows: int, k: int, n: int, e: int, device: str) -> None:
+    """What a quantised linear's own call holds beyond its output (`plan.quantised_bytes.LinearCall`), while
+    its output exists."""
+    extra = call.extra_bytes(rows, k, n, e, device) if call is not None else 0
+    if extra:
+        ledger.alloc("qcall", extra)
+        ledger.free("qcall")
+
+
 def _comfy_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attention: str, tier: BlockTier,
-                 timesteps: int, sections: dict[str, int] | None) -> None:
+                 timesteps: int, sections: dict[str, int] | None, linears=None) -> None:
     """One ComfyUI `DiTBlock` (comfy/ldm/minimax/model.py) on "x" -> "x", updated in place.
 
     Stock: the modulation scales and shifts the norm output in place, per segment; q, k and v are views
@@ -435,14 +445,29 @@ def _comfy_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attentio
     FFN row chunks run norm2 .. fc2 per range of rows, each input dying once the next op has made its
     output, and `addcmul_` into x's rows. After the attention half the modulation table gives way to
     copies of the FFN's three terms; shift and scale die after the last range is modulated (with one
-    range, before fc1)."""
+    range, before fc1).
+    Quantised linears (`linears`, a `plan.quantised_bytes.BlockLinears`): each call's own transients while
+    its output exists; a qkv the tiers cannot slice is projected whole before the head groups, an FFN they
+    cannot chunk runs in one range; GGUF weights dequantised once per block live for their block half."""
+    calls = linears or BlockLinears()
     md = seq * shape.hidden
     _adaln_table(ledger, shape, e, timesteps)
     _rms_norm(ledger, "h", md, e, e, affine=True, width=shape.hidden)       # then scaled and shifted in place
     heads, part, q_rows, replayed = _head_groups(shape, tier, seq, e)
+    held_qkv = calls.qkv is not None and calls.qkv.held_per_block
+    if held_qkv:
+        ledger.alloc("qkv_weight", 3 * shape.inner * shape.hidden * e)
+    whole_qkv = calls.qkv is not None and not calls.qkv_sliced and tier.grouped
+    if whole_qkv:
+        ledger.alloc("qkv_whole", 3 * seq * shape.inner * e)
+        _quantised_call(ledger, calls.qkv, seq, shape.hidden, 3 * shape.inner, e, calls.device)
+        if tier.lifetime:
+            ledger.free("h")
     for first, last in replayed:
-        ledger.alloc("qkv", 3 * part)
-        if last and tier.lifetime:
+        if not whole_qkv:
+            ledger.alloc("qkv", 3 * part)
+            _quantised_call(ledger, calls.qkv, seq, shape.hidden, 3 * part // (seq * e), e, calls.device)
+        if last and tier.lifetime and not whole_qkv:
             ledger.free("h")
         if not tier.lifetime:
             ledger.alloc("v_clone", part)
@@ -453,7 +478,12 @@ def _comfy_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attentio
             ledger.free("attn")
         if not tier.lifetime:
             ledger.free("v_clone")
-        ledger.free("qkv")
+        if not whole_qkv:
+            ledger.free("qkv")
+    if whole_qkv:
+        ledger.free("qkv_whole")
+    if held_qkv:
+        ledger.free("qkv_weight")
     if tier.grouped:
         ledger.rename("attn_all", "attn")
     ledger.alloc("attn_out", md * e)
@@ -467,20 +497,27 @@ def _comfy_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attentio
         ledger.alloc("ffn_shift_scale", _adaln_bytes(shape, e, timesteps, 2))
         ledger.alloc("ffn_gate", _adaln_bytes(shape, e, timesteps, 1))
         ledger.free("adaln")
-    rows = first_range_rows(seq, tier.ffn_chunks) if tier.lifetime else seq
+    rows = first_range_rows(seq, tier.ffn_chunks if calls.ffn_chunked else 1) if tier.lifetime else seq
+    held_ffn = any(c is not None and c.held_per_block for c in (calls.fc1, calls.fc2))
+    if held_ffn:
+        ledger.alloc("ffn_weights", 3 * shape.ffn * shape.hidden * e)
     _rms_norm(ledger, "h2", rows * shape.hidden, e, e, affine=True, width=shape.hidden)
     if not tier.lifetime:
         ledger.free("h")                                # the stock block rebinds h to norm2's result
     elif rows == seq:
         ledger.free("ffn_shift_scale")                  # dropped after the last range's modulation
     ledger.alloc("fc1", rows * 2 * shape.ffn * e)
+    _quantised_call(ledger, calls.fc1, rows, shape.hidden, 2 * shape.ffn, e, calls.device)
     if tier.lifetime:
         ledger.free("h2")
     ledger.alloc("swiglu", rows * shape.ffn * e)
     if tier.lifetime:
         ledger.free("fc1")
     ledger.alloc("ff_out", rows * shape.hidden * e)
+    _quantised_call(ledger, calls.fc2, rows, shape.ffn, shape.hidden, e, calls.device)
     ledger.free("swiglu", "ff_out")                     # ff_out after addcmul_ into x
+    if held_ffn:
+        ledger.free("ffn_weights")
     if not tier.lifetime:
         ledger.free("fc1", "adaln", "h2")
     elif rows < seq:
@@ -493,13 +530,17 @@ def _comfy_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attentio
 
 def _dit_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attention: str, head_chunks: int,
                ffn_chunks: int, sections: dict[str, int] | None = None, *, query_chunks: int = 1,
-               lifetime: bool | None = None, framework: str = "diffusers", timesteps: int = 2) -> None:
+               lifetime: bool | None = None, framework: str = "diffusers", timesteps: int = 2,
+               linears=None) -> None:
     """One block on "x" (held by the caller) -> new "x", for `framework` at the given tier.
 
-    `sections`, when given, receives the peak of the attention half and of the FFN half."""
+    `sections`, when given, receives the peak of the attention half and of the FFN half. `linears`
+    (`plan.quantised_bytes.BlockLinears`, ComfyUI only): the block's quantised linears."""
     tier = block_tier(head_chunks, ffn_chunks, query_chunks, lifetime)
-    replay = _comfy_block if framework == "comfy" else _diffusers_block
-    replay(ledger, shape, seq, e, attention, tier, timesteps, sections)
+    if framework == "comfy":
+        _comfy_block(ledger, shape, seq, e, attention, tier, timesteps, sections, linears)
+    else:
+        _diffusers_block(ledger, shape, seq, e, attention, tier, timesteps, sections)
 
 
 def _refiner_block(ledger: ByteLedger, shape: DiTShape, seq: int, e: int, attention: str) -> None:
@@ -534,7 +575,7 @@ def check_backend(attention: str, head_chunks: int, ffn_chunks: int, shape: DiTS
 
 def _block_ledger(shape: DiTShape, rows: int, dtype: object, attention: str, framework: str, plan: object | None,
                   head_chunks: int, ffn_chunks: int, query_chunks: int, lifetime: bool | None,
-                  fused_norms: bool, timesteps: int, sections: dict[str, int] | None) -> int:
+                  fused_norms: bool, timesteps: int, sections: dict[str, int] | None, linears=None) -> int:
     if plan is not None:
         tier = BlockTier.of(plan)
         head_chunks, ffn_chunks, query_chunks, lifetime = (tier.head_chunks, tier.ffn_chunks, tier.query_chunks,
@@ -548,33 +589,34 @@ def _block_ledger(shape: DiTShape, rows: int, dtype: object, attention: str, fra
     ledger = _DiTLedger(fused_norms=fused_norms)
     ledger.alloc("x", rows * shape.hidden * e)
     _dit_block(ledger, shape, rows, e, attention, head_chunks, ffn_chunks, sections, query_chunks=query_chunks,
-               lifetime=lifetime, framework=framework, timesteps=timesteps)
+               lifetime=lifetime, framework=framework, timesteps=timesteps, linears=linears)
     return ledger.peak
 
 
 def dit_block_peak_bytes(shape: DiTShape, rows: int, dtype: object = "bf16", *, framework: str = "diffusers",
                          plan: object | None = None, head_chunks: int = 1, ffn_chunks: int = 1,
                          query_chunks: int = 1, lifetime: bool | None = None, attention: str = "flash",
-                         fused_norms: bool = False, timesteps: int = 2) -> int:
+                         fused_norms: bool = False, timesteps: int = 2, linears=None) -> int:
     """Peak bytes of one DiT block over a `rows`-row packed sequence, its input residual included.
 
     `framework`: "diffusers" (`MiniMaxH3TransformerBlock`) or "comfy" (ComfyUI's `DiTBlock`). The tier is
     `plan` (any object with `head_chunks`, `ffn_chunks`, `query_chunks`, `lifetime`: a `DiTMemoryPlan`)
     or the four keywords; `lifetime=None` = the stock block when nothing is chunked. `timesteps`: the
-    distinct noise levels in the sequence (rows of the modulation table). Weights are not counted.
+    distinct noise levels in the sequence (rows of the modulation table). Weights are not counted, except
+    what quantised linears make while they run: `linears` (`plan.quantised_bytes.BlockLinears`, ComfyUI).
     """
     return _block_ledger(shape, rows, dtype, attention, framework, plan, head_chunks, ffn_chunks, query_chunks,
-                         lifetime, fused_norms, timesteps, None)
+                         lifetime, fused_norms, timesteps, None, linears)
 
 
 def dit_block_section_peaks(shape: DiTShape, rows: int, dtype: object = "bf16", *, framework: str = "diffusers",
                             plan: object | None = None, head_chunks: int = 1, ffn_chunks: int = 1,
                             query_chunks: int = 1, lifetime: bool | None = None, attention: str = "flash",
-                            fused_norms: bool = False, timesteps: int = 2) -> dict[str, int]:
+                            fused_norms: bool = False, timesteps: int = 2, linears=None) -> dict[str, int]:
     """Peak bytes of one block's attention half and FFN half ({"attention": ..., "ffn": ...}), input included."""
     sections: dict[str, int] = {}
     _block_ledger(shape, rows, dtype, attention, framework, plan, head_chunks, ffn_chunks, query_chunks,
-                  lifetime, fused_norms, timesteps, sections)
+                  lifetime, fused_norms, timesteps, sections, linears)
     return sections
 
 
@@ -671,6 +713,8 @@ class DiTCostModel:
     attention: str = "flash"
     fused_norms: bool = True
     timesteps: int = 2
+    linears: object = None
+    """`plan.quantised_bytes.BlockLinears` of the model's quantised linears (ComfyUI), None: unquantised."""
 
     def __post_init__(self) -> None:
         check_backend(self.attention, 1, 1, self.shape, self.framework)
@@ -689,18 +733,8 @@ class DiTCostModel:
     def __call__(self, plan: object, rows: int, dtype: object) -> int:
         block = dit_block_peak_bytes(self.shape, rows, dtype, framework=self.framework, plan=plan,
                                      attention=self.attention, fused_norms=self.fused_norms,
-                                     timesteps=self.timesteps)
+                                     timesteps=self.timesteps, linears=self.linears)
         return block + self.forward_extra_bytes(rows, dtype)
-
-
-def comfy_cost_model(shape: DiTShape | None = None, attention: str = "flash") -> DiTCostModel:
-    """The cost model of ComfyUI's H3 DiT (`shape` default: the released model)."""
-    return DiTCostModel(shape or DiTShape(), "comfy", attention)
-
-
-def diffusers_cost_model(shape: DiTShape | None = None, attention: str = "flash") -> DiTCostModel:
-    """The cost model of diffusers' `MiniMaxH3Transformer3DModel` (`shape` default: the released model)."""
-    return DiTCostModel(shape or DiTShape(), "diffusers", attention)
 
 
 __all__ = ["QUERY_ALIGN", "BlockTier", "BlockTokenBytes", "DiTCostModel", "DiTShape", "PackedRows",

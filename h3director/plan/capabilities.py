@@ -22,7 +22,9 @@ What loads what (checked in the vendored ComfyUI, ``.comfy/ComfyUI``):
 - DiT int8: ``UNETLoader`` with ``weight_dtype`` default on a file that carries ComfyUI's per-layer quantisation
   metadata (``<layer>.comfy_quant``, format ``int8_tensorwise`` in comfy/quant_ops.py ``QUANT_ALGOS``), read by
   ``load_diffusion_model_state_dict`` (comfy/sd.py) into mixed-precision ops. diffusers has no int8 loader here:
-  int8 is offered for ComfyUI only;
+  int8 is offered for ComfyUI only. The DiT Memory node chunks these layers through the int8 kernel itself
+  (`h3director.dit.quantised`: rows and weight rows exact by construction), so ``dit.chunking`` runs with int8
+  weights, priced with the kernel's own buffers (`plan.quantised_bytes`);
 - DiT GGUF Q8_0 / Q6_K / Q5_K / Q4_K / Q4_K_M: this pack's ``H3DirectorGGUFDiTLoader`` (``gguf_name``), and
   `h3director.integrations.diffusers_gguf.load_h3_transformer_gguf` (files written by ``h3director weights convert``);
 - nf4 / nvfp4 DiT: no loader in either target, never offered;

@@ -30,7 +30,7 @@ from h3director.video.scheduler import (
     stream_decode,
     write_audio_job,
 )
-from h3director.video.sink import FrameSink, StreamSpec
+from h3director.video.sinks.contract import FrameSink, StreamSpec
 
 REFERENCE_NOTE = "memory_optimization_level 0: the model's own decode (reference path), no streaming, no pool"
 

@@ -15,7 +15,7 @@ import torch
 from h3director.errors import BudgetError
 from h3director.units import MiB, format_size
 from h3director.video.decoder import ClipExecution, VideoDecoderAdapter
-from h3director.video.sink import FrameSink, StreamSpec
+from h3director.video.sinks.contract import FrameSink, StreamSpec
 
 LEAST_MEMORY = ClipExecution(tiles_per_call=1)
 ARGUMENT = "the budget argument"

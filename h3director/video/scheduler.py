@@ -24,14 +24,15 @@ from typing import Any
 
 import torch
 
+from h3director.core.guard import free_caches
 from h3director.errors import H3DirectorError, InvalidInputError
 from h3director.geometry import ClipStep, DecodeSchedule
 from h3director.video.clip_buffers import CARRIED, CLIP, BufferCounts, ClipBuffers
 from h3director.video.crossfade import crossfade_parts
 from h3director.video.decoder import ClipExecution, DecodeSession, VideoDecoderAdapter
-from h3director.video.faults import STAGE_START, FaultInjector, FaultPoint, free_memory, is_out_of_memory
+from h3director.video.faults import STAGE_START, FaultInjector, FaultPoint, is_out_of_memory
 from h3director.video.preflight import PreflightResult, preflight, resolve_budget
-from h3director.video.sink import FrameSink, StreamSpec
+from h3director.video.sinks.contract import FrameSink, StreamSpec
 
 ProgressCallback = Callable[[int, int], None]
 """Called as ``on_progress(frames_done, frames_total)`` each time frames are handed to the sink."""
@@ -123,7 +124,7 @@ def _decode_clip_with_retry(session: DecodeSession, adapter: VideoDecoderAdapter
             if not is_out_of_memory(error):
                 raise
             message = str(error).splitlines()[0] if str(error) else type(error).__name__
-            free_memory(adapter.device)
+            free_caches(adapter.device)
             cheaper = adapter.cheaper(execution) if oom_retry else None
             if cheaper is None and oom_retry and attempt == 0:
                 cheaper = execution   # nothing cheaper: once more after freeing the allocator's cache
@@ -235,7 +236,8 @@ def stream_decode(adapter: VideoDecoderAdapter, latents: torch.Tensor, sink: Fra
     `config` (an `H3Config`; default `load_config()`), which also supplies `memory_safety`. Process-wide
     settings are left alone: the director's CLI pins glibc's mmap threshold in its own process
     (`h3director.core.host_heap.pin_decode_threshold`) before calling this.
-    `fault_injector` is called at each `FaultPoint` of each clip attempt (tests use `OomOnClip`).
+    `fault_injector` is called at each `FaultPoint` of each clip attempt (the tests'
+    `OomOnClip` in `fixtures/oom_injection.py`).
     `buffers` serves the per-clip buffers; None builds them from `config`'s memory level
     (`clip_buffers_for`: the process-wide slot pool at level >= 1, collections between clips at >= 2).
     Raises `InvalidInputError` or `BudgetError` before any decoding, `DecodeOutOfMemory` when a clip

@@ -39,11 +39,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from h3director.core.guard import free_caches
 from h3director.core.oom import is_out_of_memory
 from h3director.errors import InvalidInputError
-from h3director.video.faults import free_memory
 from h3director.video.resize import check_filter, parse_size, pillow_version, resize_frame
-from h3director.video.sink import FrameSink, StreamSpec
+from h3director.video.sinks.contract import FrameSink, StreamSpec
 from h3director.video.upscale_field import auto_overlap, derive_field, measure_field
 from h3director.video.upscale_sources import FrameSource
 from h3director.video.upscale_stages import StageClock, StageStats, dtype_name, dtype_refusal
@@ -360,7 +360,7 @@ class TiledUpscaler:
             except Exception as exc:  # noqa: BLE001 - only allocator failures are retried, the rest re-raised
                 if not is_out_of_memory(exc):
                     raise
-                free_memory(self.model.device)
+                free_caches(self.model.device)
                 error = str(exc).splitlines()[0][:200]
                 if len(batch) > 1:
                     smaller = max(1, len(batch) // 2)

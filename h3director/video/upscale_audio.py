@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from h3director.av.open_file import open_input
-from h3director.video.sink import StreamSpec
-from h3director.video.sinks_video import VideoFileSink
+from h3director.video.sinks.contract import StreamSpec
+from h3director.video.sinks.video_file import VideoFileSink
 
 AUDIO_LEAD_S = 1.0
 
