@@ -24,10 +24,10 @@ def foreign_lines(handle) -> str:
     """The node text's lines on other packs' patches found at install ("" when none)."""
     if not handle.foreign_at_install:
         return ""
-    from h3director.integrations.comfy_dit_foreign import describe
+    from h3director.integrations.comfy_dit_foreign import describe_patches
 
     lines = ["other packs' patches on this MODEL's H3 blocks (their code runs there; the director's tier steps "
-             "aside for those parts):"] + [f"  {line}" for line in describe(handle.foreign_at_install)]
+             "aside for those parts):"] + [f"  {line}" for line in describe_patches(handle.foreign_at_install)]
     return "\n" + "\n".join(lines)
 
 

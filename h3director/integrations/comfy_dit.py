@@ -489,18 +489,28 @@ DIRECTOR = "H3 Director"
 STOCK_CODE = "ComfyUI stock block"
 
 
+_CHAINED_ENTRIES: list[type] = []
+
+
+def register_own_entry(entry_type: type) -> type:
+    """Declare `entry_type` one of this project's block entries that wrap the entry before them in `inner` (the
+    block swap registers its own when imported: an entry that exists was made by a module that is imported).
+    Returns `entry_type`."""
+    if entry_type not in _CHAINED_ENTRIES:
+        _CHAINED_ENTRIES.append(entry_type)
+    return entry_type
+
+
 def own_entries() -> tuple[type, ...]:
     """This project's block-entry types that wrap the entry before them in `inner` (ours, the block swap's)."""
-    from h3director.integrations.comfy_blockswap import _SwapPatch
-
-    return (_BlockPatch, _SwapPatch)
+    return (_BlockPatch, *_CHAINED_ENTRIES)
 
 
 def _report_foreign(handle: DiTMemoryHandle, report: dict, found: list, ran: dict, blocks: int) -> None:
     """Add what other packs' patches did in this forward to `report`; when that differs from the last forward's,
     log it as a warning and pass the text to `handle.notify` (the node shows it)."""
     last = handle.last_report or {}
-    lines = foreign_patches.describe(found)
+    lines = foreign_patches.describe_patches(found)
     runs = foreign_patches.runs_summary(ran, blocks, foreign_patches.parts_by_block(found))
     skipped = [line for line in lines if "stepped aside" in line]
     missing = [i for i in range(blocks) if i not in ran]
@@ -612,7 +622,7 @@ def check_conflicts(model_patcher) -> list:
     found = foreign_patches.scan_patcher(model_patcher, PATCH_NAME, PATCH_BLOCK, own_entries())
     if found:
         log.warning("H3Director DiT Memory installed after other packs' patches on the H3 DiT: %s",
-                    "; ".join(foreign_patches.describe(found)))
+                    "; ".join(foreign_patches.describe_patches(found)))
     return found
 
 
@@ -665,4 +675,4 @@ def installed_handle(model_patcher) -> DiTMemoryHandle | None:
 
 __all__ = ["DiTMemoryHandle", "check_conflicts", "clip_segments", "consumes_containers", "dit_memory_of",
            "forward_capacity", "install", "installed_handle", "is_h3_model", "linear_kind",
-           "packed_rows", "run_block"]
+           "packed_rows", "register_own_entry", "run_block"]

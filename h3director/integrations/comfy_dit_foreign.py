@@ -211,7 +211,7 @@ def _stepped(part: str) -> str:
             "model": "may bypass the block loop's entries"}[part]
 
 
-def describe(patches: list[ForeignPatch]) -> list[str]:
+def describe_patches(patches: list[ForeignPatch]) -> list[str]:
     """One line per (origin, part, target kind): whose code, where, on which blocks, and what the director did."""
     groups: dict[tuple[str, str, str], set[int]] = {}
     for patch in patches:
@@ -253,5 +253,5 @@ def summary_lines(summary: dict[str, dict[str, list[int]]]) -> list[str]:
             for part, owners in summary.items()]
 
 
-__all__ = ["MODEL_TARGETS", "PARTS", "ForeignPatch", "block_list", "describe", "origin_of", "pack_of",
+__all__ = ["MODEL_TARGETS", "PARTS", "ForeignPatch", "block_list", "describe_patches", "origin_of", "pack_of",
            "is_own_forward", "part_of", "parts_by_block", "runs_summary", "scan_model", "scan_patcher", "summary_lines", "unwrap"]
