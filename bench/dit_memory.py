@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import platform
 import re
 import sys
@@ -133,22 +132,12 @@ class ComfyRunner:
     grad_mode = staticmethod(torch.inference_mode)    # ComfyUI's executor runs nodes in inference mode
 
     def __init__(self):
-        comfy_dir = os.environ.get("COMFYUI_DIR") or str(REPO / ".comfy" / "ComfyUI")
-        if not Path(comfy_dir, "comfy").is_dir():
-            raise SystemExit(f"ComfyUI not found at {comfy_dir}: run scripts/setup.sh or set COMFYUI_DIR")
-        sys.path.insert(0, comfy_dir)
-        argv, sys.argv = sys.argv, [sys.argv[0], "--cpu", "--use-pytorch-cross-attention"]
-        try:
-            import comfy.options
+        from _comfy_block import import_comfy
 
-            comfy.options.enable_args_parsing()
-            import comfy.ldm.minimax.model as h3
-            import comfy.ldm.modules.attention as attention
-            import comfy.ops
-        finally:
-            sys.argv = argv
+        h3 = import_comfy(cpu=True)           # ComfyUI's H3 model code, PyTorch SDPA attention
+        import comfy.ops
+
         self.h3 = h3
-        h3.optimized_attention = attention.attention_pytorch
         torch.manual_seed(0)
         ops = comfy.ops.disable_weight_init
         self.block = h3.DiTBlock(SHAPE.hidden, SHAPE.heads, SHAPE.head_dim, SHAPE.ffn, TIME_EMBED, 1e-5, 1e-5,
@@ -159,16 +148,9 @@ class ComfyRunner:
         self.plan = STOCK
 
     def prepare(self, rows: int):
-        x, temb, split = _inputs(rows)
-        self.x = x
-        self.t_emb = temb.to(DTYPE)
-        self.segments = [(0, split, 0), (split, rows, 3)]
-        position_ids = torch.stack([torch.arange(rows) // 64, (torch.arange(rows) // 8) % 8,
-                                    torch.arange(rows) % 8], dim=-1).double()
-        inv = 1.0 / (10000.0 ** (torch.arange(0, 32, 2, dtype=torch.float32) / 32))
-        per_axis = position_ids.float().unsqueeze(-1) * inv.view(1, 1, -1)
-        half = torch.cat(per_axis.unbind(dim=1), dim=-1)
-        self.rope = self.h3.rope_rotation_table(torch.cat((half, half), dim=-1), DTYPE)
+        from _comfy_block import block_inputs
+
+        self.x, self.t_emb, self.segments, self.rope = block_inputs(self.h3, rows, SHAPE.hidden, TIME_EMBED)
 
     def set_tier(self, plan: DiTMemoryPlan):
         self.plan = plan

@@ -42,11 +42,13 @@ declare -A COMMANDS=(
   [upscale_recipe]='$COMFY_PY bench/upscale_recipe.py --frames 2 --tile 1920 512'
   [ledger_overhead]='$PY bench/ledger_overhead.py --prompts 4'
   [dit_quantised_exactness]='$COMFY_PY bench/dit_quantised_exactness.py --rows 300 --in-features 512 --out-features 1024'
+  [dit_quantised_vs_kjnodes]='$COMFY_PY bench/dit_quantised_vs_kjnodes.py --kjnodes "${KJNODES_DIR:?set KJNODES_DIR to a ComfyUI-KJNodes checkout}"'
 )
 ORDER=(fragmentation planner_external planner_speed planner_calibration planner_dit_tiers decode_exactness gguf_quantize
        native monitor_overhead demo_memory ffn_row_chunk_exactness decode_memory gguf_dequant dit_memory avsync_accuracy
        comfy_decode_memory shared_read_copies arena_staging stitch_memory keyframe_detail upscale_seams upscale_memory
-       farm_overhead resume_checkpoint_cost upscale_recipe ledger_overhead dit_quantised_exactness)
+       farm_overhead resume_checkpoint_cost upscale_recipe ledger_overhead dit_quantised_exactness
+       dit_quantised_vs_kjnodes)
 if [ -n "$(git status --porcelain --untracked-files=no -- . ':!bench/results' ':!docs' ':!*.md')" ]; then
   echo "uncommitted changes to tracked code: commit first (results would record a dirty checkout)" >&2
   exit 1

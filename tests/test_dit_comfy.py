@@ -1,5 +1,6 @@
 """DiT memory tiers in ComfyUI's real H3 model code: exact against the stock block, installed through the
-real `ModelPatcher` hooks (`patches_replace["dit"]` + `DIFFUSION_MODEL` wrapper), refusing conflicts and bad input.
+real `ModelPatcher` hooks (`patches_replace["dit"]` + `DIFFUSION_MODEL` wrapper), finding other packs' patches,
+refusing bad input.
 
 The checks run in a fresh Python (`fixtures/comfy_harness/dit_worker.py`) because the pack's other tests
 put stand-in `comfy` modules on sys.path. ComfyUI is `COMFYUI_DIR` (tests/conftest.py points it at the
@@ -23,7 +24,7 @@ CHECKS = ([f"exact/{dtype}/{rows}/{plan}" for dtype in ("float32", "bfloat16") f
           + ["weights/plain-and-cast-paths-both-covered", "lora/add_patches-applies-through-tier",
              "lora/lowvram-weight-function-applies", "attention/override-still-acts",
              "attention/container-consumer-gets-containers", "quantised/unsliceable-ops-kept-stock-and-reported",
-             "refuse/conflicting-patches", "install/reinstall-replaces-own-patches", "refuse/bad-input",
+             "install/foreign-patches-found-not-refused", "install/reinstall-replaces-own-patches", "refuse/bad-input",
              "install/original-untouched-clone-keeps-tier", "node/installs-reports-and-refuses",
              "node/visits-each-module-once",
              "capacity/auto-escalates-and-refuses", "weights/released-when-a-projection-raises"])

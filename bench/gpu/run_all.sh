@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every prepared GPU check in one run, for a task that is lent a GPU (one large card; the whole run stays under
-# 9 minutes: each check has its own time limit, and one that runs out is recorded and the rest still run).
+# 10 minutes: each check has its own time limit, and one that runs out is recorded and the rest still run).
 #
 #   bash bench/gpu/run_all.sh [--smoke] [--list] [--only NAME[,NAME...]] [OUT_DIR]
 #
@@ -11,7 +11,8 @@
 # Python: python3 (on the lent machine, the one with CUDA PyTorch). Packages that machine lacks travel as wheels
 # in .whl/ (made here by scripts/gpu_wheels.sh; the device tool's `carry` names .whl) and are installed into
 # /tmp/h3site first. dit_12gb needs ComfyUI's source tree ($COMFYUI_DIR, else .comfy/ComfyUI) and its packages
-# (comfy-kitchen, comfy-aimdo): too large to carry with the rest (see scripts/gpu_wheels.sh).
+# (comfy-kitchen, comfy-aimdo): too large to carry with the rest (see scripts/gpu_wheels.sh). dit_quantised_kjnodes
+# also runs KJNodes' H3 nodes when a ComfyUI-KJNodes checkout is at .kjnodes/ (carry it) or $KJNODES_DIR.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -33,7 +34,7 @@ OUT_DIR=${OUT_DIR:-${OUT:-bench/results/gpu}}
 PY=${PYTHON:-python3}
 
 # name | seconds allowed | its CPU plumbing flag for --smoke ("" = GPU only) | command (--out FILE is appended
-# where the command is a script). The limits add up to 530 s.
+# where the command is a script). The limits add up to 590 s.
 CHECKS=(
     "verify_kernels|80||-m h3director verify-kernels --device cuda --json --no-cache"
     "doctor_driver|15||bench/gpu/doctor_driver.py"
@@ -44,6 +45,7 @@ CHECKS=(
     "resume_checkpoint_cost|90|--smoke|bench/gpu/resume_checkpoint_cost.py"
     "ledger_cuda|30|--smoke|bench/gpu/ledger_cuda.py"
     "dit_12gb|120|--smoke|bench/gpu/dit_12gb.py"
+    "dit_quantised_kjnodes|60|--smoke|bench/gpu/dit_quantised_kjnodes.py"
 )
 
 if [ "$LIST" = 1 ]; then

@@ -5,7 +5,10 @@ The node clones the MODEL and installs `h3director.integrations.comfy_dit` throu
 changed. Before each forward the wrapper picks the tier (`mode`), runs it, and logs the tier that ran
 with its exactness ("H3 Director DiT memory: <tier> (<class>; exact (verified: ...) | approximate: max
 difference X measured at <shape> | unverified: ...) for <rows> rows"). The node's own text output
-(`DiTMemoryHandle.summary`) shows what was installed and the device's `verify-kernels` status. The tier
+(`DiTMemoryHandle.summary`) shows what was installed and the device's `verify-kernels` status, and other
+packs' patches found on the blocks (the director steps aside for the parts they patched;
+`h3director.integrations.comfy_dit_foreign`). A pack that patches the blocks after this node is found at
+the forward: the warning is logged and shown on the node as its progress text. The tier
 choice itself is `h3director.dit.memory`'s.
 """
 
@@ -15,6 +18,34 @@ from comfy_api.latest import io
 
 from h3director.dit.capacity import MODES
 from h3director.units import GiB
+
+
+def foreign_lines(handle) -> str:
+    """The node text's lines on other packs' patches found at install ("" when none)."""
+    if not handle.foreign_at_install:
+        return ""
+    from h3director.integrations.comfy_dit_foreign import describe_patches
+
+    lines = ["other packs' patches on this MODEL's H3 blocks (their code runs there; the director's tier steps "
+             "aside for those parts):"] + [f"  {line}" for line in describe_patches(handle.foreign_at_install)]
+    return "\n" + "\n".join(lines)
+
+
+def progress_text_sender(node_id, summary: str):
+    """A function that shows `summary` and a forward's warning on node `node_id` (ComfyUI's progress text), for
+    other packs' patches found after the node ran; None outside a ComfyUI server or without a node id."""
+    if node_id is None:
+        return None
+    try:
+        from server import PromptServer
+    except ImportError:
+        return None
+
+    def send(text: str) -> None:
+        server = getattr(PromptServer, "instance", None)
+        if server is not None:
+            server.send_progress_text(f"{summary}\n{text}", node_id)
+    return send
 
 
 class DiTMemoryNode(io.ComfyNode):
@@ -46,6 +77,7 @@ class DiTMemoryNode(io.ComfyNode):
                     io.Float.Input("budget_gb", default=0.0, min=0.0, max=1024.0, step=0.5,
                                    tooltip="activation budget for the capacity check; 0 = what the device can give")],
             outputs=[io.Model.Output(display_name="model")],
+            hidden=[io.Hidden.unique_id],
         )
 
     @classmethod
@@ -60,7 +92,9 @@ class DiTMemoryNode(io.ComfyNode):
                                   budget_bytes=budget)
         inner = getattr(model, "model", None)
         dtype = inner.get_dtype_inference() if hasattr(inner, "get_dtype_inference") else None
-        return io.NodeOutput(patched, ui={"text": (handle.summary(model.load_device, dtype),)})
+        summary = handle.summary(model.load_device, dtype) + foreign_lines(handle)
+        handle.notify = progress_text_sender(getattr(cls.hidden, "unique_id", None), summary)
+        return io.NodeOutput(patched, ui={"text": (summary,)})
 
 
 __all__ = ["DiTMemoryNode"]

@@ -101,10 +101,13 @@ class DiTMemoryHandle:
       unverified, kept_stock_unverified ("exact only": floor techniques run stock), need_bytes / have_bytes /
       escalated (when a capacity check ran), forward (its number), and what the adapter adds (ComfyUI:
       kept_stock (layers that kept their stock call, with the reason), quantised (quantised layers run chunked:
-      layout, kernel path, activation quantisation, exactness class), reclaimable_bytes, measured_peak_bytes
-      and calibration on CUDA);
+      layout, kernel path, activation quantisation, exactness class), reclaimable_bytes, foreign_patches / runs /
+      skipped / director_blocks (other packs' patches on the blocks, `integrations.comfy_dit_foreign`),
+      measured_peak_bytes and calibration on CUDA);
     - `quantised`: one line per quantised linear of the blocks, what the tiers do with it (chunked, or kept
       stock with the reason; the adapter fills it: ComfyUI's `comfy_quant.block_decisions`);
+    - `foreign_at_install`: other packs' patches the adapter found at install (ComfyUI); `notify`: called with
+      the text when a forward finds other packs' patches changed (the ComfyUI node shows it);
     - `reports`: forwards recorded; `block_calls`: blocks run under a tier (ComfyUI); `remove()`: uninstall
       (diffusers; a ComfyUI installation lives on its MODEL clone).
     """
@@ -125,6 +128,8 @@ class DiTMemoryHandle:
     quantised: list[str] = field(default_factory=list)
     verification: VerificationCache = field(default_factory=VerificationCache, repr=False)
     uninstall: Callable[[], None] | None = field(default=None, repr=False)
+    foreign_at_install: list = field(default_factory=list)
+    notify: Callable[[str], None] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.plan is None:

@@ -50,7 +50,7 @@ from typing import Any
 
 from h3director.dit.block_swap import EXACTNESS, BlockSwap, check_count, offloaded_indices
 from h3director.errors import InvalidInputError
-from h3director.integrations.comfy_dit import PATCH_BLOCK, PATCH_NAME, h3_diffusion_model
+from h3director.integrations.comfy_dit import PATCH_BLOCK, PATCH_NAME, h3_diffusion_model, register_own_entry
 
 NODE = "H3Director Block Swap"
 KEY = "h3director_block_swap"
@@ -157,6 +157,7 @@ class BlockSwapHandle:
             base.model_lowvram = True  # partially_load then runs load(), which places these layers again
 
 
+@register_own_entry
 class _SwapPatch:
     """The chained `patches_replace["dit"][("double_block", i)]` entry of one offloaded block."""
 

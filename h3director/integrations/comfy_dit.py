@@ -35,11 +35,20 @@ projected whole (head groups still apply to attention), a quantised fc1/fc2 keep
 The run report (`DiTMemoryHandle.last_report["kept_stock"]`) says which. The embeddings `_forward`
 keeps alive are outside a block hook's reach and stay as they are.
 
+Other packs' patches on the same blocks (`h3director.integrations.comfy_dit_foreign`), whichever was
+installed first: found at install (object patches and block replacements on the MODEL) and again at each
+forward (the patches actually set on the model and the block entries of that forward's options). The
+director's tier steps aside for the part another pack patched (its whole block, its attention branch, or
+its FFN half; that pack's code runs there) and says so: `last_report["foreign_patches"]` (who patched what
+and what the director did), `["runs"]` (whose code ran the attention and the FFN of which blocks),
+`["skipped"]`, a warning in the log, and the node's text. Never a silent skip.
+
 Units: rows are packed-sequence rows (text + condition + audio + video tokens); bytes are bytes.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -48,12 +57,15 @@ from h3director.dit.memory import DiTMemoryHandle, memory_handle
 from h3director.dit.ranges import row_ranges
 from h3director.dit.tiers import QUERY_ALIGN, DiTMemoryPlan
 from h3director.errors import InvalidInputError
+from h3director.integrations import comfy_dit_foreign as foreign_patches
 
 WRAPPER_KEY = "h3director_dit_memory"
 PATCH_NAME = "dit"
 PATCH_BLOCK = "double_block"
 H3_MODEL_CLASS = "MiniMaxH3Model"
 H3_MODEL_MODULE = "comfy.ldm.minimax.model"
+
+log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------------------------- ops
@@ -333,11 +345,13 @@ def _ffn(block, plan: DiTMemoryPlan, x, terms: list, segments, kept: set[str],
 
 
 def run_block(block, plan: DiTMemoryPlan, x, t_emb, mod_segments, rope_freqs, transformer_options: dict,
-              kept: set[str] | None = None, quantised: set[str] | None = None):
+              kept: set[str] | None = None, quantised: set[str] | None = None, foreign: dict[str, str] | None = None):
     """ComfyUI's H3 `DiTBlock.forward` under `plan` (not STOCK): same ops, same order; `x` (the packed
     residual stream, `[rows, hidden]`) is updated in place and returned, as the stock block does.
     `kept` collects the projections that kept their stock call (quantised layouts that cannot chunk, or
-    unrecognised ops) with the reason; `quantised` the quantised layers chunked, with layout and exactness."""
+    unrecognised ops) with the reason; `quantised` the quantised layers chunked, with layout and exactness.
+    `foreign` ({"attention" | "ffn": origin}): parts another pack patched, which run as the stock block runs them
+    (the module calls `block.attn(...)` / `block.mlp(...)`, so that pack's patch acts) instead of the tier."""
     import torch
 
     h3, _, _, _ = _comfy()
@@ -345,11 +359,18 @@ def run_block(block, plan: DiTMemoryPlan, x, t_emb, mod_segments, rope_freqs, tr
     shift_msa, scale_msa, gate_msa, *ffn_terms = block.adaln_proj(t_emb)
     hold = [h3._mod_scale_shift(block.norm1(x), shift_msa, scale_msa, mod_segments)]
     del shift_msa, scale_msa
-    attn_out = _attention(block.attn, plan, hold, rope_freqs, transformer_options, kept, quantised)
+    foreign = foreign or {}
+    if "attention" in foreign:
+        attn_out = block.attn(hold.pop(), rope_freqs=rope_freqs, transformer_options=transformer_options)
+    else:
+        attn_out = _attention(block.attn, plan, hold, rope_freqs, transformer_options, kept, quantised)
     x = h3._mod_gate(x, gate_msa, attn_out, mod_segments)
     del attn_out, gate_msa
     # The six terms are views of one table; copies of the FFN's three (same values) let the table die
     # now, and `_ffn` drops shift and scale once it has used them.
+    if "ffn" in foreign:
+        h = h3._mod_scale_shift(block.norm2(x), ffn_terms[0], ffn_terms[1], mod_segments)
+        return h3._mod_gate(x, ffn_terms[2], block.mlp(h), mod_segments)
     ffn_terms = [term.clone(memory_format=torch.contiguous_format) for term in ffn_terms]
     _ffn(block, plan, x, ffn_terms, mod_segments, kept, quantised)
     return x
@@ -464,23 +485,77 @@ class _Forwards(threading.local):
     active: dict | None = None
 
 
+DIRECTOR = "H3 Director"
+STOCK_CODE = "ComfyUI stock block"
+
+
+_CHAINED_ENTRIES: list[type] = []
+
+
+def register_own_entry(entry_type: type) -> type:
+    """Declare `entry_type` one of this project's block entries that wrap the entry before them in `inner` (the
+    block swap registers its own when imported: an entry that exists was made by a module that is imported).
+    Returns `entry_type`."""
+    if entry_type not in _CHAINED_ENTRIES:
+        _CHAINED_ENTRIES.append(entry_type)
+    return entry_type
+
+
+def own_entries() -> tuple[type, ...]:
+    """This project's block-entry types that wrap the entry before them in `inner` (ours, the block swap's)."""
+    return (_BlockPatch, *_CHAINED_ENTRIES)
+
+
+def _report_foreign(handle: DiTMemoryHandle, report: dict, found: list, ran: dict, blocks: int) -> None:
+    """Add what other packs' patches did in this forward to `report`; when that differs from the last forward's,
+    log it as a warning and pass the text to `handle.notify` (the node shows it)."""
+    last = handle.last_report or {}
+    lines = foreign_patches.describe_patches(found)
+    runs = foreign_patches.runs_summary(ran, blocks, foreign_patches.parts_by_block(found))
+    skipped = [line for line in lines if "stepped aside" in line]
+    missing = [i for i in range(blocks) if i not in ran]
+    if missing:
+        skipped.append(f"the director's block entry did not run for blocks {foreign_patches.block_list(missing)} "
+                       "(another pack replaced it, or a patch of the model bypassed the block loop's entries)")
+    report.update(foreign_patches=lines, runs=runs, skipped=skipped,
+                  director_blocks=sum(1 for record in ran.values() if DIRECTOR in record.values()))
+    if (lines or missing) and (lines, skipped, runs) != (last.get("foreign_patches"), last.get("skipped"),
+                                                        last.get("runs")):
+        notes = lines + (skipped[-1:] if missing else [])
+        text = (f"H3 Director DiT memory: other packs' patches on the H3 DiT: {'; '.join(notes)}. Who ran what: "
+                f"{'; '.join(foreign_patches.summary_lines(runs))}")
+        log.warning("%s", text)
+        if handle.notify is not None:
+            handle.notify(text)
+
+
 class _BlockPatch:
     """The `patches_replace["dit"][("double_block", i)]` entry: runs block `index` under the tier the
     wrapper chose for this forward; the stock block when no forward of ours is active."""
 
-    def __init__(self, handle: DiTMemoryHandle, forwards: _Forwards, index: int):
+    def __init__(self, handle: DiTMemoryHandle, forwards: _Forwards, index: int, inner=None):
         self.handle = handle
         self.forwards = forwards
         self.index = index
+        self.inner = inner  # another pack's entry for this block, registered before ours: it runs instead
+
+    def _other(self, args: dict, extra: dict) -> dict:
+        return self.inner(args, extra) if self.inner is not None else extra["original_block"](args)
 
     def __call__(self, args: dict, extra: dict) -> dict:
         active = self.forwards.active
-        if active is None or active["plan"].is_stock:
-            return extra["original_block"](args)
+        if active is None:
+            return self._other(args, extra)
+        parts = active["foreign"].get(self.index, {})
+        if self.inner is not None or "block" in parts or active["plan"].is_stock:
+            who = parts.get("block") or (foreign_patches.origin_of(self.inner) if self.inner is not None else None)
+            active["ran"][self.index] = {part: who or parts.get(part, STOCK_CODE) for part in ("attention", "ffn")}
+            return self._other(args, extra)
         block = active["model"].blocks[self.index]
         self.handle.block_calls += 1
+        active["ran"][self.index] = {part: parts.get(part, DIRECTOR) for part in ("attention", "ffn")}
         img = run_block(block, active["plan"], args["img"], args["t_emb"], args["mod_segments"], args["rope_freqs"],
-                        args["transformer_options"], active["kept"], active["quantised"])
+                        args["transformer_options"], active["kept"], active["quantised"], foreign=parts)
         return {"img": img}
 
 
@@ -508,7 +583,9 @@ class _ForwardWrapper:
         from h3director.integrations.comfy_quant import check_model_head_groups
 
         check_model_head_groups(model.blocks, plan.head_chunks)   # before the forward: a layout's row group
-        active = {"model": model, "plan": plan, "kept": set(), "quantised": set()}
+        found = foreign_patches.scan_model(model, transformer_options or {}, PATCH_NAME, PATCH_BLOCK, own_entries())
+        active = {"model": model, "plan": plan, "kept": set(), "quantised": set(), "ran": {},
+                  "foreign": foreign_patches.parts_by_block(found)}
         measure = device.type == "cuda"
         if measure:
             base = torch.cuda.memory_allocated(device)
@@ -521,6 +598,7 @@ class _ForwardWrapper:
             self.forwards.active = outer
         report["kept_stock"] = sorted(active["kept"])
         report["quantised"] = sorted(active["quantised"])
+        _report_foreign(handle, report, found, active["ran"], len(model.blocks))
         peak = torch.cuda.max_memory_allocated(device) - base if measure else None
         handle.record(report, plan, peak, context.dtype)
         return out
@@ -538,23 +616,14 @@ def h3_diffusion_model(model_patcher, node: str = "H3Director DiT Memory"):
     return model
 
 
-def check_conflicts(model_patcher, blocks: int) -> None:
-    """Refuse when another pack already replaced or object-patched the H3 blocks."""
-    to = model_patcher.model_options.get("transformer_options", {})
-    replaced = to.get("patches_replace", {}).get(PATCH_NAME, {})
-    foreign = sorted(key[1] for key, patch in replaced.items()
-                     if isinstance(key, tuple) and key[0] == PATCH_BLOCK and not isinstance(patch, _BlockPatch))
-    if foreign:
-        raise InvalidInputError(
-            f"another node already replaced H3 DiT blocks {foreign[:8]}{' ...' if len(foreign) > 8 else ''} "
-            f"(patches_replace['{PATCH_NAME}'][('{PATCH_BLOCK}', i)]); H3Director DiT Memory would override it. "
-            "Remove that node, or put DiT Memory on the MODEL before it")
-    objects = sorted(name for name in getattr(model_patcher, "object_patches", {})
-                     if name == "diffusion_model" or name.startswith(("diffusion_model.blocks",)))
-    if objects:
-        raise InvalidInputError(f"another node object-patched the H3 DiT ({', '.join(objects[:4])}); "
-                                "H3Director DiT Memory cannot replace blocks that are patched objects")
-
+def check_conflicts(model_patcher) -> list:
+    """Other packs' patches already on `model_patcher`'s H3 blocks (`comfy_dit_foreign.ForeignPatch`es): the
+    director's tier will step aside for the parts they patched; logged as a warning, never refused."""
+    found = foreign_patches.scan_patcher(model_patcher, PATCH_NAME, PATCH_BLOCK, own_entries())
+    if found:
+        log.warning("H3Director DiT Memory installed after other packs' patches on the H3 DiT: %s",
+                    "; ".join(foreign_patches.describe_patches(found)))
+    return found
 
 
 def install(model_patcher, head_chunks: int = 1, ffn_chunks: int = 1, query_chunks: int = 1, mode: str = "fixed",
@@ -575,14 +644,16 @@ def install(model_patcher, head_chunks: int = 1, ffn_chunks: int = 1, query_chun
 
     check_model_head_groups(model.blocks, handle.floor.head_chunks)
     handle.quantised = block_decisions(model.blocks[0])
-    check_conflicts(model_patcher, handle.blocks)
+    handle.foreign_at_install = check_conflicts(model_patcher)
     from comfy.patcher_extension import WrappersMP
 
     forwards = _Forwards()
     patched = model_patcher.clone()
     patched.remove_wrappers_with_key(WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY)
+    before = patched.model_options.get("transformer_options", {}).get("patches_replace", {}).get(PATCH_NAME, {})
     for i in range(handle.blocks):
-        patched.set_model_patch_replace(_BlockPatch(handle, forwards, i), PATCH_NAME, PATCH_BLOCK, i)
+        previous = foreign_patches.unwrap(before.get((PATCH_BLOCK, i)), (_BlockPatch,))
+        patched.set_model_patch_replace(_BlockPatch(handle, forwards, i, previous), PATCH_NAME, PATCH_BLOCK, i)
     patched.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY, _ForwardWrapper(handle, forwards))
     return patched, handle
 
@@ -604,4 +675,4 @@ def installed_handle(model_patcher) -> DiTMemoryHandle | None:
 
 __all__ = ["DiTMemoryHandle", "check_conflicts", "clip_segments", "consumes_containers", "dit_memory_of",
            "forward_capacity", "install", "installed_handle", "is_h3_model", "linear_kind",
-           "packed_rows", "run_block"]
+           "packed_rows", "register_own_entry", "run_block"]
