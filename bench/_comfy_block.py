@@ -48,11 +48,13 @@ def import_comfy(comfy_dir: str | None = None, cpu: bool = True):
     if not Path(comfy_dir, "comfy").is_dir():
         raise SystemExit(f"ComfyUI not found at {comfy_dir}: run scripts/setup_comfyui.sh or set COMFYUI_DIR")
     missing = [name for name in ("torchvision", "torchaudio") if importlib.util.find_spec(name) is None]
+    finder = None
     if missing:     # ComfyUI imports them at module level for other models; the test harness's raising stand-ins
         sys.path.insert(0, str(REPO / "fixtures" / "comfy_harness"))
         from dit_worker import _UnavailableFinder
 
-        sys.meta_path.insert(0, _UnavailableFinder(missing))
+        finder = _UnavailableFinder(missing)
+        sys.meta_path.insert(0, finder)
     if comfy_dir not in sys.path:
         sys.path.insert(0, comfy_dir)
     argv, sys.argv = sys.argv, [sys.argv[0], *(["--cpu"] if cpu else []), "--use-pytorch-cross-attention"]
@@ -64,6 +66,8 @@ def import_comfy(comfy_dir: str | None = None, cpu: bool = True):
         import comfy.ldm.modules.attention as attention
     finally:
         sys.argv = argv
+        if finder is not None:      # only for ComfyUI's imports: others (transformers) must see them absent
+            sys.meta_path.remove(finder)
     h3.optimized_attention = attention.attention_pytorch
     return h3
 
