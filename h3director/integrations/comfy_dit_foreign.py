@@ -140,7 +140,15 @@ def scan_patcher(model_patcher, patch_name: str, patch_block: str, own: tuple[ty
         elif name == "diffusion_model" or name.removeprefix("diffusion_model.") in MODEL_TARGETS:
             found.append(ForeignPatch(None, "model", name, origin_of(obj)))
     options = model_patcher.model_options.get("transformer_options", {})
-    for index, entry in sorted(_replace_entries(options, patch_name, patch_block).items()):
+    return found + _foreign_entries(options, patch_name, patch_block, own)
+
+
+def _foreign_entries(transformer_options: dict, patch_name: str, patch_block: str,
+                     own: tuple[type, ...]) -> list[ForeignPatch]:
+    """The block replacements in `transformer_options` that are another pack's (an entry of ours holding one in
+    `inner` counts as that pack's), by block index."""
+    found = []
+    for index, entry in sorted(_replace_entries(transformer_options, patch_name, patch_block).items()):
         other = unwrap(entry, own)
         if other is not None:
             found.append(ForeignPatch(index, "block", f"patches_replace['{patch_name}'][('{patch_block}', {index})]",
@@ -174,12 +182,7 @@ def scan_model(diffusion_model, transformer_options: dict, patch_name: str, patc
                 target = ".".join(p for p in (f"blocks.{index}", path, "forward") if p)
                 found.append(ForeignPatch(index, part_of(f"{path}.forward" if path else "forward"), target,
                                           origin_of(patched)))
-    for index, entry in sorted(_replace_entries(transformer_options, patch_name, patch_block).items()):
-        other = unwrap(entry, own)
-        if other is not None:
-            found.append(ForeignPatch(index, "block", f"patches_replace['{patch_name}'][('{patch_block}', {index})]",
-                                      origin_of(other)))
-    return found
+    return found + _foreign_entries(transformer_options, patch_name, patch_block, own)
 
 
 def parts_by_block(patches: list[ForeignPatch]) -> dict[int, dict[str, str]]:
