@@ -42,7 +42,7 @@ def test_the_plan_recommends_a_chain_sized_to_the_request_with_each_segment_pric
     advice = recommend(PlanRequest(1344, 768, 362), Budget(10 * GiB, 48 * GiB), formats=["q4_k_m"])
     lf = advice.long_form
     assert lf is not None
-    assert lf.segments == (192, 192) and lf.total_frames == 362 and lf.max_chunk_frames == 294
+    assert lf.segments == (192, 192) and lf.total_frames == 362 and lf.max_chunk_frames == 277
     assert [p.conditioning_latent_frames for p in lf.plans] == [0, 7]
     # the conditioned segment costs more than the first; both fit the usable device memory
     assert lf.plans[0].peak_device_bytes < lf.plans[1].peak_device_bytes <= advice.budget.device_usable

@@ -64,6 +64,7 @@ def test_the_core_loaders_take_the_values_the_registry_sets():
     # int8 is offered for ComfyUI because its quantised ops load int8 layers; nf4 has no layout there
     quant = (VENDORED / "comfy" / "quant_ops.py").read_text()
     assert 'QUANT_ALGOS["int8_tensorwise"]' in quant and "nf4" not in quant.replace("nvfp4", "")
+    assert '"nvfp4": {' in quant                  # nvfp4 layers load too (int8_convrot: int8_tensorwise + convrot)
 
 
 @pytest.mark.parametrize("key, executor", LIBRARY, ids=[k for k, _ in LIBRARY])
@@ -86,10 +87,12 @@ def test_every_library_executor_resolves_to_a_callable(key, executor):
 
 
 def test_formats_without_a_loader_are_not_offered():
-    assert caps.dit_formats("comfyui") == ("bf16", "fp8", "int8", "q8_0", "q6_k", "q5_k", "q4_k_m", "q4_k")
-    assert "int8" not in caps.dit_formats("diffusers")           # no int8 loader in the diffusers path here
+    assert caps.dit_formats("comfyui") == ("bf16", "fp8", "int8", "int8_convrot", "q8_0", "q6_k", "q5_k", "nvfp4",
+                                           "q4_k_m", "q4_k")
+    for fmt in ("int8", "int8_convrot", "nvfp4"):                 # comfy_quant layers: no diffusers loader here
+        assert fmt not in caps.dit_formats("diffusers")
     for target in caps.TARGETS:
-        assert "nf4" not in caps.dit_formats(target) and "nvfp4" not in caps.dit_formats(target)
+        assert "nf4" not in caps.dit_formats(target)
         assert caps.text_encoder_formats(target) == ("bf16", "fp8")   # nothing loads a GGUF Qwen3-VL
     with pytest.raises(InvalidInputError, match="'nf4' have no loader for target comfyui"):
         recommend(PlanRequest(1344, 768, 124), Budget(24 * GiB, 64 * GiB), formats=["nf4"])

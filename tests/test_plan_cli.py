@@ -88,11 +88,24 @@ def test_the_diffusers_target_prints_library_calls(capsys):
       "--target", "diffusers"], "'int8' have no loader for target diffusers"),
     (["--width", "1344", "--height", "768", "--frames", "124", "--devices", "cuda:0=24GB", "--ram", "64GB",
       "--weights", "nf4"], "'nf4' have no loader for target comfyui"),
+    (["--width", "1344", "--height", "768", "--frames", "124", "--vram", "24GB", "--compute-capability", "12"],
+     "--compute-capability must be MAJOR.MINOR"),
+    (["--width", "1344", "--height", "768", "--frames", "124", "--device", "cpu", "--compute-capability", "8.9"],
+     "--compute-capability goes with --vram"),
 ])
 def test_bad_input_gets_a_specific_message(capsys, argv, message):
     code, _, err = _run(capsys, *argv)
     assert code == 2
     assert message in err
+
+
+@pytest.mark.parametrize("capability, path", [("12.0", "native"), ("8.9", "emulated")])
+def test_the_compute_capability_decides_the_nvfp4_path_priced(capsys, capability, path):
+    code, out, _ = _run(capsys, "--width", "1344", "--height", "768", "--frames", "124", "--vram", "16GB",
+                        "--ram", "64GB", "--weights", "nvfp4", "--compute-capability", capability, "--json")
+    assert code == 0
+    notes = json.loads(out)["recommendation"]["notes"]
+    assert any(f"TensorCoreNVFP4Layout ({path})" in n for n in notes), notes
 
 
 def test_device_auto_reads_this_machine():

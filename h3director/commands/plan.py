@@ -11,6 +11,7 @@ with the text encoder on the CPU and PyTorch's composite (unfused) RMSNorm.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 from h3director.commands import plan_workflow
@@ -30,7 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None,
                         help="'auto' (or cuda, cuda:N, mps, cpu): read the budget from this machine")
     parser.add_argument("--weights", default=None,
-                        help="fix the DiT weights format (bf16, fp8, int8, nf4, nvfp4, q8_0, q5_k, q4_k_m)")
+                        help="fix the DiT weights format (bf16, fp8, int8, int8_convrot, nvfp4, q8_0, q6_k, q5_k, "
+                             "q4_k_m, q4_k; int8, int8_convrot and nvfp4 load in ComfyUI only)")
+    parser.add_argument("--compute-capability", default=None, metavar="MAJOR.MINOR",
+                        help="with --vram: the CUDA card's compute capability (e.g. 8.9, 12.0); it decides whether "
+                             "nvfp4 weights run their own kernel (10.0 and up). Unknown: the costlier path is "
+                             "priced. --device auto reads it")
     parser.add_argument("--refs", type=int, default=0, help="reference images packed into the sequence")
     parser.add_argument("--keyframes", type=int, default=0, help="keyframe images (one latent frame each)")
     parser.add_argument("--text-tokens", type=int, default=None, help="prompt tokens (default 512)")
@@ -76,22 +82,37 @@ def _budget(args: argparse.Namespace):
     if args.vram is None:
         if args.device is None:
             raise InvalidInputError("give a budget: --vram SIZE (and --ram SIZE), or --device auto")
+        if args.compute_capability is not None:
+            raise InvalidInputError("--compute-capability goes with --vram; --device reads the card's own")
         budget, source = detect_budget(args.device, host_bytes=ram)
-        return Budget(budget.device_bytes, budget.host_bytes, budget.device, margin=args.margin), source
+        return dataclasses.replace(budget, margin=args.margin), source
     if ram is None:
         import psutil
 
         ram = int(psutil.virtual_memory().available)
     vram = parse_size(args.vram, binary_gb=True)
-    return Budget(vram, ram, "cuda", margin=args.margin), f"given: {args.vram} accelerator, {ram / 2**30:.1f} GiB RAM"
+    capability = _compute_capability(args.compute_capability)
+    return (Budget(vram, ram, "cuda", margin=args.margin, compute_capability=capability),
+            f"given: {args.vram} accelerator" + (f" (compute capability {args.compute_capability})" if capability
+                                                 else "") + f", {ram / 2**30:.1f} GiB RAM")
+
+
+def _compute_capability(text: str | None) -> tuple[int, int] | None:
+    """"8.9" -> (8, 9); None -> None; `InvalidInputError` for anything else."""
+    from h3director.errors import InvalidInputError
+
+    if text is None:
+        return None
+    major, dot, minor = text.strip().partition(".")
+    if not (dot and major.isdigit() and minor.isdigit() and int(major) < 100 and int(minor) < 100):
+        raise InvalidInputError(f"--compute-capability must be MAJOR.MINOR, e.g. 8.9 or 12.0, got {text!r}")
+    return int(major), int(minor)
 
 
 def run(args: argparse.Namespace) -> int:
     """Estimate the request in `args` and print the plan and recommendation (text or `--json`), or write the
     workflow/script it names; returns 0. Raises InvalidInputError for a bad size, frame count, budget or
     option mix, before any estimate."""
-    import dataclasses
-
     from h3director.plan.estimate import estimate
     from h3director.plan.recommend import recommend
 
@@ -105,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
 
         raise InvalidInputError("--placement-policy places components across devices: give it with --devices")
     budget, source = _budget(args)
+    request = dataclasses.replace(request, target=args.target, device=budget.device,
+                                  compute_capability=budget.compute_capability)
     if budget.device == "cpu":       # no accelerator: the text encoder runs on the CPU, RMSNorm unfused
         request = dataclasses.replace(request, text_encoder_device="cpu", fused_norms=False)
     formats = plan_workflow.formats(args)
@@ -161,8 +184,8 @@ def _run_devices(args: argparse.Namespace, request) -> int:
     from h3director.plan.formats import weight_format
     from h3director.plan.placement import parse_devices, place
 
-    if args.vram is not None or args.device is not None:
-        raise InvalidInputError("--devices replaces --vram and --device: give one of them")
+    if args.vram is not None or args.device is not None or args.compute_capability is not None:
+        raise InvalidInputError("--devices replaces --vram, --device and --compute-capability: give one of them")
     if not 0 <= args.margin < 1:
         raise InvalidInputError(f"--margin must be in [0, 1), got {args.margin}")
     devices = _auto_devices() if args.devices.strip().lower() == "auto" else parse_devices(args.devices)

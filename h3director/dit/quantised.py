@@ -25,7 +25,9 @@ Exactness classes (as `h3director.dit.tiers.Exactness`):
 - "exact where verified": a float GEMM (or a float rotation of the input before the integer GEMM) whose
   bits can depend on its M or N; the tier is exact where that GEMM is invariant to the row / column count,
   which the same kernel properties as the unquantised tiers cover (`ffn_row_chunks`, `qkv_column_groups`)
-  and the quantised exactness bench measures per layout;
+  and the quantised exactness bench measures per layout. On the native path nothing verifies the layout's
+  kernel at the shapes that run (verify-kernels checks float GEMMs), so the report calls those layers
+  approximate and points at the measured difference (`report_text`);
 - not chunked: a rule field is None and `reason` says why; the layer keeps its stock call.
 
 Activation scales: a per-tensor scale the layer stores (`input_scale`) is the same for every chunk; fp8's
@@ -49,9 +51,8 @@ from dataclasses import dataclass
 
 from h3director.dit.tiers import FFN_ROW_CHUNKS, QKV_COLUMN_GROUPS, Exactness
 from h3director.errors import InvalidInputError
+from h3director.plan.quantised_bytes import CALLS, EMULATED, NATIVE
 
-NATIVE = "native"
-EMULATED = "emulated"
 PATHS = (NATIVE, EMULATED)
 ROWS = "rows"
 WEIGHT_ROWS = "weight_rows"
@@ -93,7 +94,9 @@ _C = Exactness.BY_CONSTRUCTION
 
 
 def _native(layout: str, rows, weight_rows, activation: str, reason: str, **kw) -> LayoutRule:
-    return LayoutRule(layout, NATIVE, rows, weight_rows, activation, reason, **kw)
+    # whether the kernel scales its input from the whole input is a fact of the call (plan.quantised_bytes)
+    return LayoutRule(layout, NATIVE, rows, weight_rows, activation, reason,
+                      dynamic_tensor_scale=CALLS[(layout, NATIVE)].dynamic_tensor_scale, **kw)
 
 
 LAYOUTS: dict[tuple[str, str], LayoutRule] = {}
@@ -116,7 +119,7 @@ for _rule in (
             "fp8 scaled GEMM with float accumulation; one per-tensor input scale for every chunk"),
     _native("TensorCoreNVFP4Layout", _W, _W, "fp4 per 16-block along K, times a per-tensor scale",
             "fp4 scaled GEMM with float accumulation; block scales per row; weight block scales in "
-            f"{SWIZZLE_ROWS}-row swizzled tiles", row_group=SWIZZLE_ROWS, dynamic_tensor_scale=True),
+            f"{SWIZZLE_ROWS}-row swizzled tiles", row_group=SWIZZLE_ROWS),
     _native("TensorCoreMXFP8Layout", _W, _W, "fp8 per 32-block along K (e8m0), no tensor scale",
             "mxfp8 scaled GEMM with float accumulation; block scales per row; weight block scales in "
             f"{SWIZZLE_ROWS}-row swizzled tiles", row_group=SWIZZLE_ROWS),
@@ -172,7 +175,10 @@ def report_text(layer: str, rule: LayoutRule, use: str) -> str:
     how = "input rows chunked" if use == ROWS else "weight rows sliced per head group"
     exactness = rule.exactness(use).value
     if rule.path == NATIVE and rule.exactness(use) == Exactness.WHERE_VERIFIED:
-        exactness += ": verify-kernels checks float GEMMs, not this kernel; see bench/dit_quantised_exactness.py"
+        # verify-kernels checks float GEMMs: nothing verifies this kernel at the shapes that run
+        exactness = (f"{Exactness.APPROXIMATE.value}: the layout's kernel is not verified at these shapes "
+                     "(verify-kernels checks float GEMMs); its measured difference per layout: "
+                     "bench/dit_quantised_exactness.py")
     return (f"{layer} [{rule.layout}, {rule.path} kernel, activations {rule.activation}]: {how} through the "
             f"layout's own op ({exactness})")
 

@@ -16,7 +16,7 @@ and upscale (``H3DirectorUpscaleStreaming``). Each rung prices those phases at t
 and takes the largest:
 
 - with sampling: the planner's own preference order (`plan.recommend.choose_dit`): the DiT chunkings
-  (`plan.recommend.CHUNKINGS`), least chunked first, with the workflow's offload; then, where the workflow has
+  (`plan.recommend.chunkings`), least chunked first, with the workflow's offload; then, where the workflow has
   an ``H3DirectorBlockSwap`` node, one more offloaded block per rung with the most chunked setting. Only what a
   node of the workflow applies varies (no DiT Memory node: its chunking alone; no block-swap node: its offload).
   A ``CLIPLoader`` whose ``device`` is a literal runs the text encoder on the accelerator unless that phase would
@@ -50,7 +50,7 @@ from h3director.errors import BudgetError, InvalidInputError
 from h3director.plan import capabilities as caps
 from h3director.plan.activations import DiTShape
 from h3director.plan.estimate import Phase, PlanEstimate, PlanRequest, estimate
-from h3director.plan.recommend import CHUNKINGS, DECODE_TILES, Budget
+from h3director.plan.recommend import DECODE_TILES, Budget, chunkings
 from h3director.units import MiB, format_size, parse_size
 
 TEXT_CLASSES = {"CLIPTextEncode", "MiniMaxH3ImageToVideo", "H3DirectorCachedTextEncode", "TextEncodeQwenImageEdit"}
@@ -356,12 +356,11 @@ def _with_text_encoder(request: PlanRequest, phases: list[str], wf: WorkflowSett
 def _sampling_rungs(base: PlanRequest, phases: list[str], wf: WorkflowSettings, heads: int,
                     decode_budget: bool) -> list[Rung]:
     """Sampling rungs in the planner's preference order (see the module docstring), each cheaper on the device."""
-    chunkings = [(h, f) for h, f in CHUNKINGS if heads % h == 0] if wf.chunk_node else [(wf.head_chunks,
-                                                                                             wf.ffn_chunks)]
+    pairs = chunkings(heads, base.weights, base.target) if wf.chunk_node else [(wf.head_chunks, wf.ffn_chunks)]
     blocks = DiTShape.from_config(base.dit_config).layers
-    order = [(h, f, wf.offload_blocks) for h, f in chunkings]
+    order = [(h, f, wf.offload_blocks) for h, f in pairs]
     if wf.swap_node:
-        h, f = chunkings[-1]
+        h, f = pairs[-1]
         order += [(h, f, n) for n in range(wf.offload_blocks + 1, blocks + 1)]
     rungs: list[Rung] = []
     for h, f, offload in order:
@@ -422,7 +421,8 @@ def ladder(job, model_dirs: Sequence[Path] = ()) -> list[Rung]:
     wf = WorkflowSettings() if spec is not None else read_settings(job.workflow, model_dirs)
     base = PlanRequest(width=job.width, height=job.height, frames=job.frames, audio=wf.audio, weights=wf.weights,
                        text_encoder_weights=wf.text_encoder_weights, text_encoder_device=wf.text_encoder_device,
-                       head_chunks=wf.head_chunks, ffn_chunks=wf.ffn_chunks, offload_blocks=wf.offload_blocks)
+                       head_chunks=wf.head_chunks, ffn_chunks=wf.ffn_chunks, offload_blocks=wf.offload_blocks,
+                       target="diffusers" if spec is not None else "comfyui")
     base.validate()
     if "sampling" in phases:
         if spec is not None:

@@ -269,8 +269,6 @@ class QuantWeights:
         self.weight = self.bias = self.stream = None
 
 
-
-
 def report_line(layer, name: str, use: str, for_act: bool = False) -> str:
     """The run report's line for quantised layer `name` chunked for `use` (its layout, kernel path,
     activation quantisation and exactness class)."""
@@ -309,19 +307,25 @@ def block_decisions(block) -> list[str]:
     return lines
 
 
-
 def block_linears(block, device):
     """`h3director.plan.quantised_bytes.BlockLinears` of ComfyUI H3 `DiTBlock` `block` run on `device`: which
-    of its linears are quantised (GGUF layers of this project's loader included), what each call makes, and
-    whether the tiers slice qkv and chunk the FFN (None when no linear is quantised)."""
+    of its linears are quantised (GGUF layers of this project's loader and fp8 `weight_dtype` casts included),
+    what each call makes, and whether the tiers slice qkv and chunk the FFN (None when none is). The planner
+    builds the same from a weights format (`h3director.plan.quantised_tiers`)."""
     from h3director.plan.dtypes import dtype_bytes
-    from h3director.plan.quantised_bytes import BlockLinears, call_for
+    from h3director.plan.quantised_bytes import CAST, GGUF, BlockLinears, call_for
 
     def call(layer, use, act=False):
         if getattr(layer, "gguf_qtype", None) is not None:
-            return call_for("GGUF", EMULATED, 2), True
-        if not is_quantised(layer) or getattr(layer, "weight", None) is None:
+            return call_for(GGUF, EMULATED, 2), True
+        weight = getattr(layer, "weight", None)
+        if weight is None:
             return None, True
+        if not is_quantised(layer):
+            # stored in a one-byte float (fp8 `weight_dtype`) and cast to the 2-byte compute dtype to run
+            fp8_cast = (weight.is_floating_point() and weight.element_size() == 1
+                        and getattr(layer, "comfy_cast_weights", False))
+            return (call_for(CAST, EMULATED, 2) if fp8_cast else None), True
         kind, _, _ = classify(layer, use, act)
         e = dtype_bytes(getattr(getattr(layer.weight, "_params", None), "orig_dtype", None) or "bf16")
         return call_for(layout_of(layer), kernel_path(layer, act), e), kind == "quant"

@@ -420,10 +420,11 @@ def _diffusers_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, atte
         sections["ffn"] = ledger.peak
 
 
-def _quantised_call(ledger: ByteLedger, call, rows: int, k: int, n: int, e: int, device: str) -> None:
+def _quantised_call(ledger: ByteLedger, call, rows: int, k: int, n: int, e: int, device: str,
+                    held: bool = False) -> None:
     """What a quantised linear's own call holds beyond its output (`plan.quantised_bytes.LinearCall`), while
-    its output exists."""
-    extra = call.extra_bytes(rows, k, n, e, device) if call is not None else 0
+    its output exists; `held`: the block holds its weight (not made by the call)."""
+    extra = call.extra_bytes(rows, k, n, e, device, held) if call is not None else 0
     if extra:
         ledger.alloc("qcall", extra)
         ledger.free("qcall")
@@ -448,25 +449,26 @@ def _comfy_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attentio
     range, before fc1).
     Quantised linears (`linears`, a `plan.quantised_bytes.BlockLinears`): each call's own transients while
     its output exists; a qkv the tiers cannot slice is projected whole before the head groups, an FFN they
-    cannot chunk runs in one range; GGUF weights dequantised once per block live for their block half."""
+    cannot chunk runs in one range; weights the tiers dequantise or cast once per block half (GGUF, fp8
+    `weight_dtype`) live for that half, the stock block makes them per call."""
     calls = linears or BlockLinears()
     md = seq * shape.hidden
     _adaln_table(ledger, shape, e, timesteps)
     _rms_norm(ledger, "h", md, e, e, affine=True, width=shape.hidden)       # then scaled and shifted in place
     heads, part, q_rows, replayed = _head_groups(shape, tier, seq, e)
-    held_qkv = calls.qkv is not None and calls.qkv.held_per_block
+    held_qkv = calls.qkv is not None and calls.qkv.held_per_block and tier.lifetime
     if held_qkv:
         ledger.alloc("qkv_weight", 3 * shape.inner * shape.hidden * e)
     whole_qkv = calls.qkv is not None and not calls.qkv_sliced and tier.grouped
     if whole_qkv:
         ledger.alloc("qkv_whole", 3 * seq * shape.inner * e)
-        _quantised_call(ledger, calls.qkv, seq, shape.hidden, 3 * shape.inner, e, calls.device)
+        _quantised_call(ledger, calls.qkv, seq, shape.hidden, 3 * shape.inner, e, calls.device, held_qkv)
         if tier.lifetime:
             ledger.free("h")
     for first, last in replayed:
         if not whole_qkv:
             ledger.alloc("qkv", 3 * part)
-            _quantised_call(ledger, calls.qkv, seq, shape.hidden, 3 * part // (seq * e), e, calls.device)
+            _quantised_call(ledger, calls.qkv, seq, shape.hidden, 3 * part // (seq * e), e, calls.device, held_qkv)
         if last and tier.lifetime and not whole_qkv:
             ledger.free("h")
         if not tier.lifetime:
@@ -498,7 +500,7 @@ def _comfy_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attentio
         ledger.alloc("ffn_gate", _adaln_bytes(shape, e, timesteps, 1))
         ledger.free("adaln")
     rows = first_range_rows(seq, tier.ffn_chunks if calls.ffn_chunked else 1) if tier.lifetime else seq
-    held_ffn = any(c is not None and c.held_per_block for c in (calls.fc1, calls.fc2))
+    held_ffn = tier.lifetime and any(c is not None and c.held_per_block for c in (calls.fc1, calls.fc2))
     if held_ffn:
         ledger.alloc("ffn_weights", 3 * shape.ffn * shape.hidden * e)
     _rms_norm(ledger, "h2", rows * shape.hidden, e, e, affine=True, width=shape.hidden)
@@ -507,14 +509,14 @@ def _comfy_block(ledger: _DiTLedger, shape: DiTShape, seq: int, e: int, attentio
     elif rows == seq:
         ledger.free("ffn_shift_scale")                  # dropped after the last range's modulation
     ledger.alloc("fc1", rows * 2 * shape.ffn * e)
-    _quantised_call(ledger, calls.fc1, rows, shape.hidden, 2 * shape.ffn, e, calls.device)
+    _quantised_call(ledger, calls.fc1, rows, shape.hidden, 2 * shape.ffn, e, calls.device, held_ffn)
     if tier.lifetime:
         ledger.free("h2")
     ledger.alloc("swiglu", rows * shape.ffn * e)
     if tier.lifetime:
         ledger.free("fc1")
     ledger.alloc("ff_out", rows * shape.hidden * e)
-    _quantised_call(ledger, calls.fc2, rows, shape.ffn, shape.hidden, e, calls.device)
+    _quantised_call(ledger, calls.fc2, rows, shape.ffn, shape.hidden, e, calls.device, held_ffn)
     ledger.free("swiglu", "ff_out")                     # ff_out after addcmul_ into x
     if held_ffn:
         ledger.free("ffn_weights")

@@ -25,9 +25,14 @@ What loads what (checked in the vendored ComfyUI, ``.comfy/ComfyUI``):
   int8 is offered for ComfyUI only. The DiT Memory node chunks these layers through the int8 kernel itself
   (`h3director.dit.quantised`: rows and weight rows exact by construction), so ``dit.chunking`` runs with int8
   weights, priced with the kernel's own buffers (`plan.quantised_bytes`);
+- DiT int8_convrot / nvfp4: ``UNETLoader`` with ``weight_dtype`` default on a file of comfy_quant
+  ``int8_tensorwise`` layers with ``convrot`` / ``nvfp4`` layers (ComfyUI only). nvfp4 runs its own kernel from
+  CUDA compute capability 10.0, elsewhere it dequantises its weight per call. How each format's linears run
+  and which tiers act on them: `plan.quantised_tiers` (the planner offers FFN chunks only where they act:
+  `check_chunking`);
 - DiT GGUF Q8_0 / Q6_K / Q5_K / Q4_K / Q4_K_M: this pack's ``H3DirectorGGUFDiTLoader`` (``gguf_name``), and
   `h3director.integrations.diffusers_gguf.load_h3_transformer_gguf` (files written by ``h3director weights convert``);
-- nf4 / nvfp4 DiT: no loader in either target, never offered;
+- nf4 DiT: no loader in either target, never offered;
 - text encoder bf16 / fp8: core ``CLIPLoader`` (``type`` minimax, ``device`` default|cpu); an fp8 Qwen3-VL file
   loads because ``load_clip`` converts an old ``scaled_fp8`` marker and ``llama_detect`` picks up ``comfy_quant``
   metadata (comfy/sd.py, comfy/text_encoders/hunyuan_video.py). No loader reads a GGUF Qwen3-VL: GGUF text
@@ -50,7 +55,8 @@ __all__ = [
     "TARGETS", "EXACTNESS", "ComfyExecutor", "LibraryExecutor", "ConfigExecutor", "Capability", "AppliedSetting",
     "REGISTRY", "capability", "check_target", "offered", "GGUF_TYPES", "weights_capability", "applied_settings",
     "dit_formats", "text_encoder_formats", "check_offered", "POOL_CONFIG_KEY", "BLOCK_SWAP_NODE", "DIT_MEMORY_NODE",
-    "GGUF_LOADER_NODE", "DECODE_NODE", "CLIP_LOADER_NODE", "decode_budget_gb", "gguf_format_from_types",
+    "GGUF_LOADER_NODE", "DECODE_NODE", "CLIP_LOADER_NODE", "check_chunking", "decode_budget_gb",
+    "gguf_format_from_types",
     "gguf_format_from_name",
 ]
 
@@ -172,7 +178,7 @@ _DECODE_COST = ("PlanRequest.decode_tiles_per_call / sink -> plan.decode.decode_
                 "output_host_bytes (estimate: decode)")
 
 REGISTRY: dict[str, Capability] = _entries(
-    # The DiT's weight format. Formats without a loader in the target are absent for it (nf4, nvfp4: no loader).
+    # The DiT's weight format. Formats without a loader in the target are absent for it (nf4: no loader).
     Capability("dit.weights.bf16", "DiT weights in bf16 (the release)", "exact by construction",
                ComfyExecutor("UNETLoader", ("unet_name", "weight_dtype"), "weight_dtype default"),
                LibraryExecutor("diffusers.MiniMaxH3Transformer3DModel.from_pretrained",
@@ -187,6 +193,15 @@ REGISTRY: dict[str, Capability] = _entries(
     Capability("dit.weights.int8", "DiT weights in int8 (ComfyUI's int8_tensorwise layers)", "approximate",
                ComfyExecutor("UNETLoader", ("unet_name", "weight_dtype"),
                              "weight_dtype default; a file with per-layer comfy_quant metadata (int8_tensorwise)"),
+               None, _WEIGHTS_COST),
+    Capability("dit.weights.int8_convrot", "DiT weights in int8 with ConvRot (ComfyUI's int8_tensorwise layers, "
+               "inputs rotated)", "approximate",
+               ComfyExecutor("UNETLoader", ("unet_name", "weight_dtype"),
+                             "weight_dtype default; a file with comfy_quant int8_tensorwise layers with convrot"),
+               None, _WEIGHTS_COST),
+    Capability("dit.weights.nvfp4", "DiT weights in NVFP4 (ComfyUI's nvfp4 layers)", "approximate",
+               ComfyExecutor("UNETLoader", ("unet_name", "weight_dtype"),
+                             "weight_dtype default; a file with comfy_quant nvfp4 layers"),
                None, _WEIGHTS_COST),
     Capability("dit.weights.gguf", "DiT weights in a GGUF quantisation, dequantised one layer at a time",
                "approximate", _GGUF_LOADER, _GGUF_CALL, _WEIGHTS_COST),
@@ -253,8 +268,11 @@ GGUF_TYPES = {"q8_0": "Q8_0", "q6_k": "Q6_K", "q5_k": "Q5_K", "q4_k": "Q4_K", "q
 """Planner weight-format ids of GGUF quantisations -> the `weights convert --type` names that write them."""
 
 # Best to most compressed: the order the planner tries them in.
-_DIT_FORMAT_ORDER = ("bf16", "fp8", "int8", "q8_0", "q6_k", "q5_k", "q4_k_m", "q4_k")
+_DIT_FORMAT_ORDER = ("bf16", "fp8", "int8", "int8_convrot", "q8_0", "q6_k", "q5_k", "nvfp4", "q4_k_m", "q4_k")
 _TEXT_ENCODER_FORMAT_ORDER = ("bf16", "fp8")
+_COMFY_QUANT_FILES = {"int8": " (a file with comfy_quant int8_tensorwise layers)",
+                      "int8_convrot": " (a file with comfy_quant int8_tensorwise layers with convrot)",
+                      "nvfp4": " (a file with comfy_quant nvfp4 layers)"}
 _SINK_CLASSES = {"uint8": "Uint8FrameSink", "memmap": "MemmapSink", "tensor": "TensorSink",
                  "video": "VideoFileSink"}
 
@@ -299,6 +317,25 @@ def check_offered(fmt: str, target: str, *, what: str = "DiT") -> None:
                                 f"it loads {', '.join(allowed)}")
 
 
+def check_chunking(fmt: str, target: str, head_chunks: int, ffn_chunks: int) -> None:
+    """`InvalidInputError` when `ffn_chunks` > 1 would not act on the DiT's linears in format `fmt` in `target`
+    (the tiers keep them whole: `plan.quantised_tiers.tiers_for`); head groups act in every format."""
+    from h3director.plan.quantised_tiers import tiers_for
+
+    tiers = tiers_for(fmt, target)
+    if ffn_chunks > 1 and not tiers.ffn_chunks:
+        raise InvalidInputError(f"ffn_chunks={ffn_chunks} does not act on {fmt} DiT weights in {target}: "
+                                + "; ".join(tiers.kept))
+
+
+def _chunking_text(fmt: str, target: str, head_chunks: int, ffn_chunks: int) -> str:
+    from h3director.plan.quantised_tiers import tiers_for
+
+    text = f"{head_chunks} head groups, {ffn_chunks} FFN chunks"
+    layout = tiers_for(fmt, target).layout
+    return text + (f" (the {fmt} linears through {layout})" if layout else "")
+
+
 def decode_budget_gb(device_bytes: int) -> float:
     """A decode phase's device need as the decode node's ``budget_gb`` (GiB, rounded up to 1e-4)."""
     return math.ceil(device_bytes / 2**30 * 10_000) / 10_000
@@ -338,8 +375,7 @@ def applied_settings(request, target: str, *, decode_device_bytes: int | None = 
     else:
         dtype = {"fp8": "fp8_e4m3fn"}.get(fmt, "default")
         out.append(_apply(key, target, {"format": fmt}, {"weight_dtype": dtype},
-                          f"DiT weights {fmt}" + (" (a file with comfy_quant int8_tensorwise layers)"
-                                                  if fmt == "int8" else "")))
+                          f"DiT weights {fmt}" + _COMFY_QUANT_FILES.get(fmt, "")))
     te_fmt = request.text_encoder_weights
     check_offered(te_fmt, target, what="text encoder")
     out.append(_apply(f"text_encoder.weights.{te_fmt}", target, {"format": te_fmt}, {"type": "minimax"},
@@ -350,9 +386,10 @@ def applied_settings(request, target: str, *, decode_device_bytes: int | None = 
                       {"type": "minimax", "device": "cpu" if te_cpu else "default"},
                       f"text encoder {te_fmt} on {'the CPU' if te_cpu else 'the accelerator'}"))
     if (request.head_chunks, request.ffn_chunks) != (1, 1):
+        check_chunking(fmt, target, request.head_chunks, request.ffn_chunks)
         values = {"head_chunks": request.head_chunks, "ffn_chunks": request.ffn_chunks}
         out.append(_apply("dit.chunking", target, values, {"mode": "fixed", **values},
-                          f"{request.head_chunks} head groups, {request.ffn_chunks} FFN chunks"))
+                          _chunking_text(fmt, target, request.head_chunks, request.ffn_chunks)))
     if request.offload_blocks:
         blocks = DiTShape.from_config(request.dit_config).layers
         if not 0 < request.offload_blocks <= blocks:

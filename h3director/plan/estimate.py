@@ -22,8 +22,15 @@ from dataclasses import asdict, dataclass, field
 
 from h3director import geometry
 from h3director.errors import InvalidInputError
-from h3director.plan.activations import DiTShape, PackedRows, check_backend, dit_forward_peak_bytes
+from h3director.plan.activations import (
+    DiTShape,
+    PackedRows,
+    check_backend,
+    dit_block_peak_bytes,
+    dit_forward_peak_bytes,
+)
 from h3director.plan.audio import audio_decode_working_set_bytes, audio_samples_bytes
+from h3director.plan.capabilities import check_target
 from h3director.plan.decode import SINKS, decode_clip_working_set_bytes, output_host_bytes
 from h3director.plan.dtypes import dtype_bytes
 from h3director.plan.formats import weight_format
@@ -35,6 +42,7 @@ from h3director.plan.models import (
     text_encoder_inventory,
     video_vae_inventory,
 )
+from h3director.plan.quantised_tiers import format_tiers, kernel_paths
 
 DEFAULT_TEXT_TOKENS = 512
 TEXT_ENCODER_VISION_TOKENS_PER_IMAGE = 1024   # a ~1 MP reference image after the 2x2 merger
@@ -42,6 +50,7 @@ TEXT_ENCODER_VISION_TOKENS_PER_IMAGE = 1024   # a ~1 MP reference image after th
 # What the planner accepts (`PlanRequest.validate`); the longest legal length is 86,399 frames.
 MAX_FRAMES = 86_400           # one hour at 24 fps
 MAX_SIDE = 4096               # pixels per side (a multiple of 32)
+DEVICES = ("cuda", "mps", "cpu")
 MAX_DIT_LAYERS = 100          # DiT blocks (the release has 50; the published pruned files about 30)
 # The release ships the DiT's patch projections, timestep MLP and output heads in float32 and diffusers keeps
 # them so (`_keep_in_fp32_modules`) whatever the weights format: 32.8 MiB more than bf16 for the released DiT.
@@ -59,7 +68,9 @@ class PlanRequest:
     in ComfyUI issue #15453). `fused_norms`: RMSNorm runs as one fused kernel (CUDA); False prices
     PyTorch's composite CPU kernel. `frames` must be on the 17n+5 grid. `audio_rows`: H3 samples its audio
     rows (True, the default); False prices a video-only draft (`H3DirectorVideoOnlyLatent`: no audio rows in
-    the packed sequence, so `audio` must be False too).
+    the packed sequence, so `audio` must be False too). `target` ("comfyui" or "diffusers"), `device` ("cuda",
+    "mps" or "cpu") and `compute_capability` ((major, minor) of a CUDA device, None: unknown) decide how a
+    quantised format's linears run and what their calls make (`plan.quantised_tiers`).
     """
 
     width: int
@@ -83,6 +94,9 @@ class PlanRequest:
     sink: str = "uint8"
     keep_dit_during_decode: bool = False
     fused_norms: bool = True
+    target: str = "comfyui"
+    device: str = "cuda"
+    compute_capability: tuple[int, int] | None = None
     dit_config: Mapping | None = None
     vae_config: Mapping | None = None
     audio_config: Mapping | None = None
@@ -121,6 +135,12 @@ class PlanRequest:
             raise InvalidInputError(f"text_encoder_device must be 'gpu' or 'cpu', got {self.text_encoder_device!r}")
         weight_format(self.weights)
         weight_format(self.text_encoder_weights)
+        check_target(self.target)
+        if self.device not in DEVICES:
+            raise InvalidInputError(f"device must be one of {DEVICES}, got {self.device!r}")
+        cc = self.compute_capability
+        if cc is not None and (len(cc) != 2 or not all(isinstance(v, int) and 0 <= v < 100 for v in cc)):
+            raise InvalidInputError(f"compute_capability must be (major, minor), e.g. (8, 9), got {cc!r}")
         dtype_bytes(self.compute_dtype)
         dtype_bytes(self.vae_dtype)
         check_backend(self.attention, self.head_chunks, self.ffn_chunks, DiTShape.from_config(self.dit_config))
@@ -229,6 +249,21 @@ def text_encoder_activation_bytes(tokens: int, dtype: object = "bf16") -> int:
     return tokens * per_token
 
 
+def _quantised_notes(request: PlanRequest, extra: int, path: str | None) -> tuple[str, ...]:
+    """What the plan says about a quantised format's linears: their layout, kernel path and what their calls
+    add to sampling, the layers the tiers keep whole, and a path priced without knowing the device's."""
+    if path is None:
+        return ()
+    fmt = weight_format(request.weights).name
+    tiers = format_tiers(fmt, request.target, path)
+    notes = [f"DiT {fmt} linears: {tiers.layout} ({path}); their calls add {extra / 2**20:,.0f} MiB to sampling"]
+    notes += list(tiers.kept)
+    if len(kernel_paths(fmt, request.target, request.device, request.compute_capability)) > 1:
+        notes.append(f"{tiers.layout}: priced on its {path} path, the larger; the device's compute capability is "
+                     "not known (plan --device auto reads it)")
+    return tuple(notes)
+
+
 def int32_qkv_token_limit(shape: DiTShape) -> int:
     """Tokens beyond which a fused QKV buffer has more than 2**31 elements (99,864 for H3)."""
     return 2**31 // (3 * shape.inner)
@@ -279,6 +314,29 @@ def _sampling_working_set(config_key: str, rows: PackedRows, dtype: str, attenti
                                   fused_norms=fused_norms)
 
 
+@functools.lru_cache(maxsize=2048)
+def _quantised_working_set(config_key: str, rows: int, dtype: str, attention: str, heads: int, ffn: int,
+                           fused_norms: bool, fmt: str, target: str, device: str,
+                           compute_capability: tuple[int, int] | None) -> tuple[int, str | None]:
+    """(bytes, path) the DiT's quantised linear calls add to a block's peak at this tier (0, None when the format
+    is not quantised): ComfyUI's block ledger with the format's calls (`plan.quantised_tiers`) less without
+    them, on the kernel path that costs more when the device does not decide it."""
+    fmt = weight_format(fmt).name
+    e = dtype_bytes(dtype)
+    formats = [format_tiers(fmt, target, path, e) for path in kernel_paths(fmt, target, device, compute_capability)]
+    if formats[0].call is None:
+        return 0, None
+    shape = DiTShape.from_config(json.loads(config_key))
+
+    def block(linears) -> int:
+        return dit_block_peak_bytes(shape, rows, dtype, framework="comfy", head_chunks=heads, ffn_chunks=ffn,
+                                    attention=attention, fused_norms=fused_norms, linears=linears)
+
+    plain = block(None)
+    extra, path = max((block(tiers.block_linears(device)) - plain, tiers.path) for tiers in formats)
+    return max(extra, 0), path
+
+
 def estimate(request: PlanRequest) -> PlanEstimate:
     """The `PlanEstimate` (bytes per phase, device and host) for `request`, which is validated first:
     `InvalidInputError` for a size, frame count or setting out of range (see the module docstring)."""
@@ -312,6 +370,11 @@ def estimate(request: PlanRequest) -> PlanEstimate:
     sampling_ws = _sampling_working_set(dit_key, geo.rows, request.compute_dtype,
                                         request.attention, request.head_chunks, request.ffn_chunks,
                                         request.fused_norms)
+    quantised, path = _quantised_working_set(dit_key, geo.packed_tokens, request.compute_dtype, request.attention,
+                                             request.head_chunks, request.ffn_chunks, request.fused_norms,
+                                             request.weights, request.target, request.device,
+                                             request.compute_capability)
+    sampling_ws += quantised
     latent_pixels = (request.height // geometry.SPATIAL_RATIO) * (request.width // geometry.SPATIAL_RATIO)
     latents = 4 * (geo.latent_frames * geometry.VIDEO_LATENT_CHANNELS * latent_pixels
                    + 2 * geometry.AUDIO_LATENT_CHANNELS * geo.audio_latents)   # float32, stereo audio
@@ -335,7 +398,7 @@ def estimate(request: PlanRequest) -> PlanEstimate:
                  f"{request.decode_tiles_per_call} tile(s)/call") + f", sink {request.sink}"
               + (", audio VAE fp32" if request.audio else ", no audio decode (audio VAE not loaded)")),
     )
-    notes = []
+    notes = list(_quantised_notes(request, quantised, path))
     int32_limit = int32_qkv_token_limit(DiTShape.from_config(request.dit_config))
     if geo.packed_tokens > int32_limit:
         notes.append(f"{geo.packed_tokens:,} packed tokens exceed {int32_limit:,}: fused QKV element "

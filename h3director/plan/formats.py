@@ -10,7 +10,8 @@ holds; a test checks them against the `gguf` package):
 
 `Q4_K_M` is a mix: llama.cpp's rule keeps the value projection and the FFN down projection of about
 half of the layers at Q6_K and quantizes the rest to Q4_K; 1-D tensors (norms, biases, scales) stay
-float32 in every GGUF file. The other formats: int8 (per-output-channel float32 scale), fp8
+float32 in every GGUF file. The other formats: int8 and int8_convrot (per-output-channel float32 scale; the
+latter rotates its inputs, same bytes), fp8
 (per-tensor scale), nf4 (bitsandbytes: 4-bit codes + one float32 absmax per 64 weights), nvfp4
 (4-bit codes + one fp8 scale per 16 weights + a per-tensor float32 scale).
 """
@@ -56,6 +57,8 @@ FORMATS: dict[str, WeightFormat] = {
     "fp16": WeightFormat("fp16", 16, description="float16"),
     "fp8": WeightFormat("fp8", 8, description="float8 e4m3 with a per-tensor scale"),
     "int8": WeightFormat("int8", 8, row_scale_bytes=4, description="int8 with a float32 scale per output channel"),
+    "int8_convrot": WeightFormat("int8_convrot", 8, row_scale_bytes=4,
+                                 description="int8 as int8, inputs Hadamard-rotated (ConvRot) before quantising"),
     "nf4": WeightFormat("nf4", 4 + 32 / 64, description="bitsandbytes NF4, float32 absmax per 64 weights"),
     "nvfp4": WeightFormat("nvfp4", 4 + 8 / 16, description="NVFP4, fp8 scale per 16 weights"),
     "q8_0": WeightFormat("q8_0", _ggml_bpw("Q8_0"), vector_bytes=4, description="GGUF Q8_0"),
@@ -68,7 +71,8 @@ FORMATS: dict[str, WeightFormat] = {
 }
 
 ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8": "fp8", "fp8_e4m3": "fp8",
-           "int8_convrot": "int8", "gguf_q8_0": "q8_0", "gguf_q5_k": "q5_k", "gguf_q6_k": "q6_k", "gguf_q4_k": "q4_k", "gguf_q4_k_m": "q4_k_m",
+           "int8_tensorwise": "int8", "gguf_q8_0": "q8_0", "gguf_q5_k": "q5_k", "gguf_q6_k": "q6_k",
+           "gguf_q4_k": "q4_k", "gguf_q4_k_m": "q4_k_m",
            "q5_k_m": "q5_k", "nvfp4_awq": "nvfp4"}
 
 Q6K_BPW = _ggml_bpw("Q6_K")

@@ -1,4 +1,5 @@
-"""The budget of this machine (`--device auto`): free accelerator memory and available host RAM.
+"""The budget of this machine (`--device auto`): free accelerator memory, available host RAM and, for CUDA,
+the device's compute capability (`torch.cuda.get_device_capability`).
 
 CUDA: `torch.cuda.mem_get_info` (free bytes: what this process can still get; under
 `cudaMallocAsync` the allocator's own counters read 0, the driver's numbers do not). MPS: unified
@@ -25,9 +26,10 @@ def detect_budget(device: str = "auto", *, host_bytes: int | None = None) -> tup
             index = int(wanted.split(":")[1]) if ":" in wanted else torch.cuda.current_device()
             free, total = torch.cuda.mem_get_info(index)
             name = torch.cuda.get_device_name(index)
-            return (Budget(device_bytes=int(free), host_bytes=host, device="cuda"),
-                    f"cuda:{index} {name}: {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB; "
-                    f"host RAM {host / 2**30:.1f} GiB available")
+            capability = tuple(torch.cuda.get_device_capability(index))
+            return (Budget(device_bytes=int(free), host_bytes=host, device="cuda", compute_capability=capability),
+                    f"cuda:{index} {name} (compute capability {capability[0]}.{capability[1]}): "
+                    f"{free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB; host RAM {host / 2**30:.1f} GiB available")
         if wanted != "auto":
             from h3director.errors import InvalidInputError
 

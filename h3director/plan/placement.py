@@ -58,7 +58,6 @@ from h3director.plan.estimate import (
     packed_geometry,
 )
 from h3director.plan.recommend import (
-    CHUNKINGS,
     DECODE_TILES,
     DEFAULT_MARGIN,
     DEFAULT_RESERVE,
@@ -68,6 +67,7 @@ from h3director.plan.recommend import (
     Budget,
     choose_decode,
     choose_dit,
+    chunkings,
     dit_memory_settings,
     recommend,
 )
@@ -419,8 +419,8 @@ def _score(request: PlanRequest, formats: Sequence[str], te_choice: int, policy:
 
 
 def _dit_rank(request: PlanRequest, formats: Sequence[str]) -> tuple:
-    return (formats.index(request.weights), request.offload_blocks,
-            CHUNKINGS.index((request.head_chunks, request.ffn_chunks)))
+    order = chunkings(DiTShape.from_config(request.dit_config).heads, request.weights, request.target)
+    return formats.index(request.weights), request.offload_blocks, order.index((request.head_chunks, request.ffn_chunks))
 
 
 def _try(search: _Search, base: PlanRequest, assignment: dict[str, str], te_choice: tuple[str, str],
@@ -564,7 +564,7 @@ def refusal_message(request: PlanRequest, devices: Sequence[DeviceSpec], *, host
     single-device recommender would run on the largest device (possibly long-form chunks)."""
     formats = tuple(formats or DIT_FORMATS)
     shape = DiTShape.from_config(request.dit_config)
-    heads, ffn = [c for c in CHUNKINGS if shape.heads % c[0] == 0][-1]
+    heads, ffn = chunkings(shape.heads, formats[-1], request.target)[-1]
     smallest = dataclasses.replace(request, weights=formats[-1], head_chunks=heads, ffn_chunks=ffn,
                                    offload_blocks=shape.layers, text_encoder_weights=TEXT_ENCODER_CHOICES[-1][1],
                                    decode_tiles_per_call=1, sink=SINK_ORDER[-1])

@@ -13,8 +13,11 @@ kernel, "emulated" = a dequantised weight and a float GEMM) gives a `LinearCall`
   CUDA kernels rescale in their epilogue (not priced);
 - `weight_bytes`: the call materialises its weight, at this many bytes per weight element (emulated: the
   compute dtype's, i.e. the dequantised weight; asym_w4a8: its int4 groups expanded to int8);
-- `held_per_block`: the dequantised weight lives for the whole block half instead of one call (this
-  project's GGUF layers, dequantised once per block by the DiT tiers).
+- `dynamic_tensor_scale`: the call computes its input's per-tensor scale from the whole input when the layer
+  stores no ``input_scale`` (NVFP4's kernel): its rows cannot be chunked then (`h3director.dit.quantised`);
+- `held_per_block`: under the DiT tiers the dequantised (or cast) weight lives for the whole block half instead
+  of one call: the tiers dequantise this project's GGUF layers, and cast a layer stored in another dtype
+  (ComfyUI's fp8 `weight_dtype`), once per block half; the stock block makes it per call.
 
 `BlockLinears` tells the ComfyUI block ledger (`plan.activations`) which calls a block makes and whether the
 tiers chunk them (`qkv_sliced`: head groups slice qkv's weight rows; `ffn_chunked`: the FFN runs in row
@@ -35,20 +38,26 @@ class LinearCall:
     cpu_accumulator: bool = False
     weight_bytes: float = 0.0
     held_per_block: bool = False
+    dynamic_tensor_scale: bool = False
 
-    def extra_bytes(self, rows: int, k: int, n: int, e: int, device: str = "cuda") -> int:
+    def extra_bytes(self, rows: int, k: int, n: int, e: int, device: str = "cuda", held: bool = False) -> int:
         """Bytes one call over `rows` input rows of `k` features to `n` outputs (element size `e`) holds at its
-        peak beyond its output, on `device` ("cpu" prices comfy_kitchen's eager accumulator); the weight of a
-        `held_per_block` call is not included (`BlockLinears` holds it)."""
+        peak beyond its output, on `device` ("cpu" prices comfy_kitchen's eager accumulator); the weight is not
+        included when `held` (the block holds it: `held_per_block` under the tiers)."""
         total = rows * k * self.input_copy
         if self.input_float_copy:
             total += rows * k * e
         if self.cpu_accumulator and device == "cpu":
             total += rows * n * (4 + e)
-        if not self.held_per_block:
+        if not held:
             total += n * k * self.weight_bytes
         return int(total)
 
+
+NATIVE = "native"
+"""Kernel path: the layout's own kernel."""
+EMULATED = "emulated"
+"""Kernel path: the weight dequantised (or cast) to the compute dtype, then a float GEMM."""
 
 _INT8 = LinearCall(input_copy=1, cpu_accumulator=True)
 _ROTATED_INT8 = LinearCall(input_copy=1, input_float_copy=True, cpu_accumulator=True)
@@ -60,16 +69,24 @@ CALLS: dict[tuple[str, str], LinearCall] = {
                                                  weight_bytes=1),
     ("TensorCoreFP8E4M3Layout", "native"): LinearCall(input_copy=1),
     ("TensorCoreFP8E5M2Layout", "native"): LinearCall(input_copy=1),
-    ("TensorCoreNVFP4Layout", "native"): LinearCall(input_copy=0.5 + 1 / 16),
+    ("TensorCoreNVFP4Layout", "native"): LinearCall(input_copy=0.5 + 1 / 16, dynamic_tensor_scale=True),
     ("TensorCoreMXFP8Layout", "native"): LinearCall(input_copy=1 + 1 / 32),
 }
 
 
+GGUF = "GGUF"
+"""The layout key of this project's GGUF layers (dequantised to the compute dtype, then a float GEMM)."""
+CAST = "cast"
+"""The layout key of a layer stored in another float dtype than it computes in (fp8 `weight_dtype`): cast whole."""
+
+
 def call_for(layout: str, path: str, e: int) -> LinearCall | None:
-    """The `LinearCall` of `layout` on `path` with element size `e`; None when the layout is unknown."""
-    if layout == "GGUF":
+    """The `LinearCall` of `layout` on `path` with element size `e`; None when the layout is unknown.
+    `GGUF` and `CAST` layers materialise their weight in the compute dtype (held per block half under the
+    tiers in ComfyUI, `h3director.integrations.comfy_dit`)."""
+    if layout in (GGUF, CAST):
         return LinearCall(weight_bytes=e, held_per_block=True)
-    if path == "emulated":
+    if path == EMULATED:
         return LinearCall(weight_bytes=e)
     return CALLS.get((layout, path))
 
@@ -86,4 +103,4 @@ class BlockLinears:
     device: str = "cuda"
 
 
-__all__ = ["CALLS", "BlockLinears", "LinearCall", "call_for"]
+__all__ = ["CALLS", "CAST", "EMULATED", "GGUF", "NATIVE", "BlockLinears", "LinearCall", "call_for"]

@@ -42,6 +42,7 @@ from h3director.plan.activations import DiTShape
 from h3director.plan.decode import clip_buffer_bytes
 from h3director.plan.estimate import Phase, PlanEstimate, PlanRequest, estimate
 from h3director.plan.formats import weight_format
+from h3director.plan.quantised_tiers import tiers_for
 from h3director.units import GiB, MiB, format_size
 
 # Every DiT format some target loads, best first; `recommend` narrows it to its target's.
@@ -61,13 +62,16 @@ DEFAULT_RESERVE = 768 * MiB
 
 @dataclass(frozen=True)
 class Budget:
-    """Memory available to one generation, in bytes. `device` is "cuda", "mps" or "cpu"."""
+    """Memory available to one generation, in bytes. `device` is "cuda", "mps" or "cpu";
+    `compute_capability`: (major, minor) of the CUDA device, None when not known (it decides whether nvfp4
+    weights run their own kernel: `plan.quantised_tiers`)."""
 
     device_bytes: int
     host_bytes: int
     device: str = "cuda"
     margin: float = DEFAULT_MARGIN
     reserve_bytes: int = DEFAULT_RESERVE
+    compute_capability: tuple[int, int] | None = None
 
     @property
     def device_usable(self) -> int:
@@ -169,6 +173,7 @@ class Recommendation:
             "pool": {"recommended_mb": self.pool_mb, "config_key": capabilities.POOL_CONFIG_KEY,
                      "serves": "streamed decode clip buffers", "note": self.pool_note},
             "does_not_fit": list(self.rejected),
+            "notes": list(self.estimate.notes),
         }
 
     def summary(self) -> str:
@@ -208,6 +213,7 @@ class Recommendation:
         lines += [f"  {a.capability:<26}{a.text}: {a.how()}" for a in self.applied()]
         if not self.pool_mb:
             lines.append(f"  {'memory.pool':<26}no pool ({capabilities.POOL_CONFIG_KEY}: 0): {self.pool_note}")
+        lines += [f"  note: {note}" for note in self.estimate.notes]
         if self.rejected:
             lines.append("Does not fit:")
             lines += [f"  - {reason}" for reason in self.rejected]
@@ -290,9 +296,13 @@ def pool_recommendation(plan: PlanEstimate, budget: Budget) -> tuple[int, str]:
                          "clip + cross-fade tail), rounded up to whole GiB; held for the process")
 
 
-def _chunkings(shape: DiTShape) -> tuple[tuple[int, int], ...]:
-    """The (head chunks, FFN chunks) pairs of `CHUNKINGS` whose head chunks divide the DiT's heads."""
-    return tuple((heads, ffn) for heads, ffn in CHUNKINGS if shape.heads % heads == 0)
+def chunkings(heads: int, fmt: str = "bf16", target: str = DEFAULT_TARGET) -> tuple[tuple[int, int], ...]:
+    """The (head chunks, FFN chunks) pairs of `CHUNKINGS` whose head chunks divide the DiT's `heads`, least
+    chunked first, with FFN chunks only where they act on `fmt`'s linears in `target`
+    (`plan.quantised_tiers.tiers_for`: the capability registry's `check_chunking` refuses the others)."""
+    ffn_acts = tiers_for(fmt, target).ffn_chunks
+    pairs = ((h, ffn if ffn_acts else 1) for h, ffn in CHUNKINGS if heads % h == 0)
+    return tuple(dict.fromkeys(pairs))
 
 
 def _fewest_offloaded(base: PlanRequest, budget: Budget, blocks: int) -> PlanRequest | None:
@@ -315,10 +325,9 @@ def choose_dit(request: PlanRequest, budget: Budget, formats: Sequence[str]) -> 
     since offloaded blocks cross the bus every step while the chunked tiers are exact and cost little time,
     the chunking that needs the fewest offloaded blocks (the less chunked one on a tie)."""
     shape = DiTShape.from_config(request.dit_config)
-    chunkings = _chunkings(shape)
     for fmt in formats:
         bases = [_replace(request, weights=fmt, head_chunks=heads, ffn_chunks=ffn, offload_blocks=0)
-                 for heads, ffn in chunkings]
+                 for heads, ffn in chunkings(shape.heads, fmt, request.target)]
         for base in bases:
             if _phase_fits(budget, estimate(base), "sampling"):
                 return base
@@ -432,8 +441,9 @@ def _recommend(request: PlanRequest, budget: Budget | int, *, formats: Sequence[
 
             host_bytes = psutil.virtual_memory().available
         budget = Budget(device_bytes=int(budget), host_bytes=int(host_bytes))
-    request.validate()
     capabilities.check_target(target)
+    request = _replace(request, target=target, device=budget.device, compute_capability=budget.compute_capability)
+    request.validate()
     if formats:
         formats = tuple(weight_format(fmt).name for fmt in formats)
         for fmt in formats:
@@ -464,7 +474,7 @@ def _recommend(request: PlanRequest, budget: Budget | int, *, formats: Sequence[
         longest, _ = found
         return _chain(request, budget, formats, longest, overlap, rejected)
     shape = DiTShape.from_config(request.dit_config)
-    heads, ffn = _chunkings(shape)[-1]
+    heads, ffn = chunkings(shape.heads, formats[-1], target)[-1]
     smallest = estimate(_replace(request, frames=geometry.nearest_grid_frames(overlap + 1)[1],
                                  keyframes=request.keyframes + geometry.latent_frames_for(overlap),
                                  weights=formats[-1], head_chunks=heads, ffn_chunks=ffn, offload_blocks=shape.layers,

@@ -96,12 +96,12 @@ class StagedPlan:
         """(draft, final) device need of the sampling phase with every DiT block offloaded and the most
         chunking (the floor of each stage's peak, in the recommended weights format), bytes."""
         from h3director.plan.activations import DiTShape
-        from h3director.plan.recommend import CHUNKINGS
+        from h3director.plan.recommend import chunkings
 
         out = []
         for rec in (self.draft, self.final):
             shape = DiTShape.from_config(rec.request.dit_config)
-            heads, ffn = [c for c in CHUNKINGS if shape.heads % c[0] == 0][-1]
+            heads, ffn = chunkings(shape.heads, rec.request.weights, rec.request.target)[-1]
             floor = estimate(dataclasses.replace(rec.request, offload_blocks=shape.layers, head_chunks=heads,
                                                  ffn_chunks=ffn))
             out.append(_phase(floor, "sampling").device_bytes)
