@@ -21,7 +21,13 @@ from h3director.plan.activations import (
 )
 from h3director.plan.decode import decode_clip_working_set_bytes, output_host_bytes
 from h3director.plan.estimate import DIT_HIGH_PRECISION_BYTES as FP32_PARTS
-from h3director.plan.estimate import PlanRequest, estimate, packed_geometry
+from h3director.plan.estimate import (
+    PlanRequest,
+    estimate,
+    model_config_key,
+    packed_geometry,
+    quantised_calls_bytes,
+)
 from h3director.plan.formats import weight_format
 from h3director.plan.models import (
     audio_vae_inventory,
@@ -110,11 +116,16 @@ def rows() -> list[Row]:
     geo = packed_geometry(1344, 768, 260, text_tokens=512)
     knobs = dict(attention="sage", fused_norms=True)
     plain = dit_forward_peak_bytes(shape, geo.rows, "bf16", **knobs)
-    chunked = dit_forward_peak_bytes(shape, geo.rows, "bf16", head_chunks=4, **knobs)
+    chunked = dit_forward_peak_bytes(shape, geo.rows, "bf16", head_chunks=4, **knobs) + quantised_calls_bytes(
+        model_config_key(PRUNED), geo.packed_tokens, "bf16", "sage", 4, 1, True, "int8", "comfyui", "cuda", None)[0]
     ffn4 = [dit_forward_peak_bytes(shape, geo.rows, "bf16", head_chunks=h, ffn_chunks=4, **knobs) for h in (1, 4)]
     streamed = 2 * dit30.block_bytes(weight_format("int8"))
+    int8_calls, _ = quantised_calls_bytes(model_config_key(PRUNED), geo.packed_tokens, "bf16", "sage", 1, 1, True,
+                                          "int8", "comfyui", "cuda", None)
+    plain += int8_calls
     out.append(Row("sampling peak", cond, (plain + streamed) / MiB, 16_702, "MiB",
-                   "pruned int8 streamed 2 blocks at a time, FFN unchunked, 512 text rows",
+                   "pruned int8 streamed 2 blocks at a time, FFN unchunked, 512 text rows, the int8 kernel's "
+                   "input copies priced",
                    "not explained: a card-level process peak, which may hold the CUDA context, kernel workspaces "
                    "and allocator caching the ledger leaves out (plans reserve 768 MiB and a 10% margin for "
                    "them); the source does not break it down"))

@@ -315,12 +315,14 @@ def _sampling_working_set(config_key: str, rows: PackedRows, dtype: str, attenti
 
 
 @functools.lru_cache(maxsize=2048)
-def _quantised_working_set(config_key: str, rows: int, dtype: str, attention: str, heads: int, ffn: int,
+def quantised_calls_bytes(config_key: str, rows: int, dtype: str, attention: str, heads: int, ffn: int,
                            fused_norms: bool, fmt: str, target: str, device: str,
                            compute_capability: tuple[int, int] | None) -> tuple[int, str | None]:
     """(bytes, path) the DiT's quantised linear calls add to a block's peak at this tier (0, None when the format
     is not quantised): ComfyUI's block ledger with the format's calls (`plan.quantised_tiers`) less without
-    them, on the kernel path that costs more when the device does not decide it."""
+    them, on the kernel path that costs more when the device does not decide it. `config_key`:
+    `model_config_key` of the DiT config; `rows`: packed rows; `fmt`: a `formats.FORMATS` id; the rest as
+    `PlanRequest`'s fields (cached: the recommender prices many settings)."""
     fmt = weight_format(fmt).name
     e = dtype_bytes(dtype)
     formats = [format_tiers(fmt, target, path, e) for path in kernel_paths(fmt, target, device, compute_capability)]
@@ -370,7 +372,7 @@ def estimate(request: PlanRequest) -> PlanEstimate:
     sampling_ws = _sampling_working_set(dit_key, geo.rows, request.compute_dtype,
                                         request.attention, request.head_chunks, request.ffn_chunks,
                                         request.fused_norms)
-    quantised, path = _quantised_working_set(dit_key, geo.packed_tokens, request.compute_dtype, request.attention,
+    quantised, path = quantised_calls_bytes(dit_key, geo.packed_tokens, request.compute_dtype, request.attention,
                                              request.head_chunks, request.ffn_chunks, request.fused_norms,
                                              request.weights, request.target, request.device,
                                              request.compute_capability)
@@ -410,4 +412,4 @@ def estimate(request: PlanRequest) -> PlanEstimate:
 
 __all__ = ["DEFAULT_TEXT_TOKENS", "DIT_HIGH_PRECISION_BYTES", "MAX_FRAMES", "Geometry", "Phase",
            "PlanEstimate", "PlanRequest", "audio_working_set", "clip_working_set", "estimate",
-           "int32_qkv_token_limit", "model_config_key", "packed_geometry"]
+           "int32_qkv_token_limit", "model_config_key", "packed_geometry", "quantised_calls_bytes"]
