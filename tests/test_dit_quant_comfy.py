@@ -21,7 +21,7 @@ CONFIGS = ["int8_tensorwise", "int8_convrot", "float8_e4m3fn-emulated", "float8_
 CHECKS = ([f"exact/{c}" for c in CONFIGS]
           + ["kept/nvfp4-dynamic-activation-scale-ffn-whole-named", "kept/unknown-layout-stock-and-named",
              "refuse/row-group-of-the-layout-named", "refuse/row-group-before-the-forward",
-             "plan/formats-priced-as-the-loaded-layers"])
+             "plan/formats-priced-as-the-loaded-layers", "exact-only/unverified-native-kernels-kept-stock"])
 
 from comfy_harness.vendored import h3_comfyui_root as comfyui_root  # noqa: E402
 from comfy_harness.vendored import why_no_h3_comfyui as skip_reason  # noqa: E402

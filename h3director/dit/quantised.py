@@ -170,18 +170,26 @@ def check_weight_row_groups(layout: str, path: str, heads: int, head_dim: int, h
             f"multiple of {rule.row_group}")
 
 
+def reported_exactness(rule: LayoutRule, use: str) -> Exactness | None:
+    """What a run reports for chunking a layer of `rule` for `use`: the rule's class, except that a native
+    kernel's "exact where verified" is reported approximate (verify-kernels checks float GEMMs: nothing verifies
+    the layout's own kernel at the shapes that run), and "exact only" keeps such a layer stock."""
+    exactness = rule.exactness(use)
+    if rule.path == NATIVE and exactness == Exactness.WHERE_VERIFIED:
+        return Exactness.APPROXIMATE
+    return exactness
+
+
 def report_text(layer: str, rule: LayoutRule, use: str) -> str:
     """One report line for a chunked quantised layer."""
     how = "input rows chunked" if use == ROWS else "weight rows sliced per head group"
-    exactness = rule.exactness(use).value
-    if rule.path == NATIVE and rule.exactness(use) == Exactness.WHERE_VERIFIED:
-        # verify-kernels checks float GEMMs: nothing verifies this kernel at the shapes that run
-        exactness = (f"{Exactness.APPROXIMATE.value}: the layout's kernel is not verified at these shapes "
-                     "(verify-kernels checks float GEMMs); its measured difference per layout: "
-                     "bench/dit_quantised_exactness.py")
+    exactness = reported_exactness(rule, use).value
+    if exactness == Exactness.APPROXIMATE.value:
+        exactness += (": the layout's kernel is not verified at these shapes (verify-kernels checks float GEMMs); "
+                      "its measured difference per layout: bench/dit_quantised_exactness.py")
     return (f"{layer} [{rule.layout}, {rule.path} kernel, activations {rule.activation}]: {how} through the "
             f"layout's own op ({exactness})")
 
 
 __all__ = ["EMULATED", "LAYOUTS", "NATIVE", "PATHS", "ROWS", "SWIZZLE_ROWS", "WEIGHT_ROWS", "LayoutRule",
-           "check_weight_row_groups", "decide", "report_text", "rule_for"]
+           "check_weight_row_groups", "decide", "report_text", "reported_exactness", "rule_for"]

@@ -55,7 +55,7 @@ from typing import Any
 from h3director.dit.blocks import chunked_rows, grouped_attention, swiglu_rows
 from h3director.dit.memory import DiTMemoryHandle, memory_handle
 from h3director.dit.ranges import row_ranges
-from h3director.dit.tiers import QUERY_ALIGN, DiTMemoryPlan
+from h3director.dit.tiers import QUERY_ALIGN, DiTMemoryPlan, Exactness
 from h3director.errors import InvalidInputError
 from h3director.integrations import comfy_dit_foreign as foreign_patches
 
@@ -79,14 +79,15 @@ def _comfy():
     return h3, mm, ops, quant_ops
 
 
-def linear_kind(layer, use: str = "rows", for_act: bool = False) -> tuple[str, str | None]:
+def linear_kind(layer, use: str = "rows", for_act: bool = False, exact_only: bool = False) -> tuple[str, str | None]:
     """How `run_block` may use a linear layer for `use` ("rows": input row chunks, "weight_rows": head-group
     slices of the output rows): ("cast" | "plain" | "gguf", None) when its forward is `F.linear` with (cast,
     or dequantised) weights, so weight rows can be sliced; ("quant", None) for a ComfyUI quantised layer
     whose layout chunks that way through its own op (`h3director.integrations.comfy_quant`; `for_act`: the
     layer is fc2, called through `linear_input_act`); ("stock", reason) when it must be called as is.
     "gguf": a layer of the GGUF DiT loader (`h3director.integrations.comfy_gguf`), whose forward is
-    `F.linear(x, *layer.gguf_weight_bias(x))`."""
+    `F.linear(x, *layer.gguf_weight_bias(x))`. `exact_only`: a quantised layer whose chunked call is reported
+    approximate (`comfy_quant.unverified_reason`) keeps its stock call."""
     import torch
 
     _, _, ops, quant_ops = _comfy()
@@ -102,7 +103,8 @@ def linear_kind(layer, use: str = "rows", for_act: bool = False) -> tuple[str, s
 
     if comfy_quant.is_quantised(layer):
         kind, reason, _ = comfy_quant.classify(layer, use, for_act)
-        return kind, reason
+        unverified = comfy_quant.unverified_reason(layer, use, for_act) if exact_only else None
+        return ("stock", unverified) if unverified else (kind, reason)
     cls = type(layer)
     base = ops.disable_weight_init.Linear
     if cls.forward is base.forward and cls.forward_comfy_cast_weights is base.forward_comfy_cast_weights:
@@ -167,11 +169,12 @@ def _weights(layer, kind: str, like, for_act: bool = False):
     return _Weights(layer, kind, like)
 
 
-def _note_quantised(notes: set[str] | None, layer, name: str, use: str, for_act: bool = False) -> None:
+def _note_quantised(notes: dict[str, str] | None, layer, name: str, use: str, for_act: bool = False) -> None:
     if notes is not None:
         from h3director.integrations.comfy_quant import report_line
 
-        notes.add(report_line(layer, name, use, for_act))
+        line, exactness = report_line(layer, name, use, for_act)
+        notes[line] = exactness
 
 
 def consumes_containers(transformer_options: dict) -> bool:
@@ -217,7 +220,7 @@ def _norm_rope(attn, q, k, rope_freqs, rows: int, heads: int):
 
 
 def _attention(attn, plan: DiTMemoryPlan, hold: list, rope_freqs, transformer_options: dict, kept: set[str],
-               quantised: set[str] | None = None):
+               quantised: dict[str, str] | None = None, exact_only: bool = False):
     """The attention branch (`Attention.forward` + nothing else) of one block; `hold` holds the modulated
     input, which this drops after the last projection that reads it."""
     import torch
@@ -227,7 +230,7 @@ def _attention(attn, plan: DiTMemoryPlan, hold: list, rope_freqs, transformer_op
     heads, d = attn.heads, attn.head_dim
     inner = heads * d
     consume = consumes_containers(transformer_options)
-    kind, reason = linear_kind(attn.qkv_proj, "weight_rows")
+    kind, reason = linear_kind(attn.qkv_proj, "weight_rows", exact_only=exact_only)
     if kind == "stock" and plan.head_chunks > 1:
         kept.add(f"qkv_proj ({reason}): projected whole")
     elif kind == "quant" and plan.head_chunks > 1:
@@ -293,7 +296,7 @@ def _attention(attn, plan: DiTMemoryPlan, hold: list, rope_freqs, transformer_op
 
 
 def _ffn(block, plan: DiTMemoryPlan, x, terms: list, segments, kept: set[str],
-         quantised: set[str] | None = None) -> None:
+         quantised: dict[str, str] | None = None, exact_only: bool = False) -> None:
     """The FFN half of the block, added into `x` in place (norm2 ... gated residual per row chunk).
 
     `terms` is `[shift, scale, gate]`, the FFN half of the modulation table; shift and scale are dropped
@@ -301,8 +304,8 @@ def _ffn(block, plan: DiTMemoryPlan, x, terms: list, segments, kept: set[str],
 
     h3, _, ops, _ = _comfy()
     mlp = block.mlp
-    kind1, reason1 = linear_kind(mlp.fc1, "rows")
-    kind2, reason2 = linear_kind(mlp.fc2, "rows", for_act=True)
+    kind1, reason1 = linear_kind(mlp.fc1, "rows", exact_only=exact_only)
+    kind2, reason2 = linear_kind(mlp.fc2, "rows", for_act=True, exact_only=exact_only)
     chunks = plan.ffn_chunks
     if kind1 == "stock" or kind2 == "stock":
         for name, kind, reason in (("fc1", kind1, reason1), ("fc2", kind2, reason2)):
@@ -345,11 +348,14 @@ def _ffn(block, plan: DiTMemoryPlan, x, terms: list, segments, kept: set[str],
 
 
 def run_block(block, plan: DiTMemoryPlan, x, t_emb, mod_segments, rope_freqs, transformer_options: dict,
-              kept: set[str] | None = None, quantised: set[str] | None = None, foreign: dict[str, str] | None = None):
+              kept: set[str] | None = None, quantised: dict[str, str] | None = None,
+              foreign: dict[str, str] | None = None, exact_only: bool = False):
     """ComfyUI's H3 `DiTBlock.forward` under `plan` (not STOCK): same ops, same order; `x` (the packed
     residual stream, `[rows, hidden]`) is updated in place and returned, as the stock block does.
     `kept` collects the projections that kept their stock call (quantised layouts that cannot chunk, or
-    unrecognised ops) with the reason; `quantised` the quantised layers chunked, with layout and exactness.
+    unrecognised ops) with the reason; `quantised` the quantised layers chunked ({report line: exactness class}).
+    `exact_only` ("exact only" mode): quantised layers whose chunked call is reported approximate keep their
+    stock call (named in `kept`).
     `foreign` ({"attention" | "ffn": origin}): parts another pack patched, which run as the stock block runs them
     (the module calls `block.attn(...)` / `block.mlp(...)`, so that pack's patch acts) instead of the tier."""
     import torch
@@ -363,7 +369,7 @@ def run_block(block, plan: DiTMemoryPlan, x, t_emb, mod_segments, rope_freqs, tr
     if "attention" in foreign:
         attn_out = block.attn(hold.pop(), rope_freqs=rope_freqs, transformer_options=transformer_options)
     else:
-        attn_out = _attention(block.attn, plan, hold, rope_freqs, transformer_options, kept, quantised)
+        attn_out = _attention(block.attn, plan, hold, rope_freqs, transformer_options, kept, quantised, exact_only)
     x = h3._mod_gate(x, gate_msa, attn_out, mod_segments)
     del attn_out, gate_msa
     # The six terms are views of one table; copies of the FFN's three (same values) let the table die
@@ -372,7 +378,7 @@ def run_block(block, plan: DiTMemoryPlan, x, t_emb, mod_segments, rope_freqs, tr
         h = h3._mod_scale_shift(block.norm2(x), ffn_terms[0], ffn_terms[1], mod_segments)
         return h3._mod_gate(x, ffn_terms[2], block.mlp(h), mod_segments)
     ffn_terms = [term.clone(memory_format=torch.contiguous_format) for term in ffn_terms]
-    _ffn(block, plan, x, ffn_terms, mod_segments, kept, quantised)
+    _ffn(block, plan, x, ffn_terms, mod_segments, kept, quantised, exact_only)
     return x
 
 
@@ -555,7 +561,8 @@ class _BlockPatch:
         self.handle.block_calls += 1
         active["ran"][self.index] = {part: parts.get(part, DIRECTOR) for part in ("attention", "ffn")}
         img = run_block(block, active["plan"], args["img"], args["t_emb"], args["mod_segments"], args["rope_freqs"],
-                        args["transformer_options"], active["kept"], active["quantised"], foreign=parts)
+                        args["transformer_options"], active["kept"], active["quantised"], foreign=parts,
+                        exact_only=self.handle.mode == "exact only")
         return {"img": img}
 
 
@@ -584,7 +591,7 @@ class _ForwardWrapper:
 
         check_model_head_groups(model.blocks, plan.head_chunks)   # before the forward: a layout's row group
         found = foreign_patches.scan_model(model, transformer_options or {}, PATCH_NAME, PATCH_BLOCK, own_entries())
-        active = {"model": model, "plan": plan, "kept": set(), "quantised": set(), "ran": {},
+        active = {"model": model, "plan": plan, "kept": set(), "quantised": {}, "ran": {},
                   "foreign": foreign_patches.parts_by_block(found)}
         measure = device.type == "cuda"
         if measure:
@@ -598,6 +605,9 @@ class _ForwardWrapper:
             self.forwards.active = outer
         report["kept_stock"] = sorted(active["kept"])
         report["quantised"] = sorted(active["quantised"])
+        if Exactness.APPROXIMATE.value in active["quantised"].values():   # a chunked layer sets the run's class
+            report["exactness"] = Exactness.APPROXIMATE.value
+            report["exactness_detail"] += "; quantised layers chunked through kernels not verified at these shapes"
         _report_foreign(handle, report, found, active["ran"], len(model.blocks))
         peak = torch.cuda.max_memory_allocated(device) - base if measure else None
         handle.record(report, plan, peak, context.dtype)

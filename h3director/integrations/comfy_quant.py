@@ -269,13 +269,25 @@ class QuantWeights:
         self.weight = self.bias = self.stream = None
 
 
-def report_line(layer, name: str, use: str, for_act: bool = False) -> str:
-    """The run report's line for quantised layer `name` chunked for `use` (its layout, kernel path,
-    activation quantisation and exactness class)."""
-    from h3director.dit.quantised import report_text
+def report_line(layer, name: str, use: str, for_act: bool = False) -> tuple[str, str]:
+    """(line, exactness) for quantised layer `name` chunked for `use`: the run report's line (its layout, kernel
+    path, activation quantisation and exactness class) and the class reported (`dit.quantised.reported_exactness`)."""
+    from h3director.dit.quantised import report_text, reported_exactness
 
     _, _, rule = classify(layer, use, for_act)
-    return report_text(name, rule, use)
+    return report_text(name, rule, use), reported_exactness(rule, use).value
+
+
+def unverified_reason(layer, use: str, for_act: bool = False) -> str | None:
+    """Why "exact only" keeps quantised `layer` stock for `use` (its chunked call is reported approximate), or
+    None when its chunking is exact by construction or rests on what verify-kernels checks."""
+    from h3director.dit.quantised import reported_exactness
+    from h3director.dit.tiers import Exactness
+
+    kind, _, rule = classify(layer, use, for_act)
+    if kind != "quant" or reported_exactness(rule, use) != Exactness.APPROXIMATE:
+        return None
+    return f"exact only: {rule.layout}'s {rule.path} kernel is not verified at these shapes"
 
 
 def check_model_head_groups(blocks, head_chunks: int) -> None:
@@ -299,7 +311,7 @@ def block_decisions(block) -> list[str]:
             continue
         kind, reason, _ = classify(layer, use, act)
         if kind == "quant":
-            lines.append(report_line(layer, name, use, act))
+            lines.append(report_line(layer, name, use, act)[0])
         else:
             lines.append(f"{name}: kept stock ({reason})")
     if is_quantised(block.attn.out_proj):
@@ -341,4 +353,4 @@ def block_linears(block, device):
 
 __all__ = ["ROWS", "WEIGHT_ROWS", "QuantWeights", "block_decisions", "block_linears", "check_head_groups", "check_model_head_groups",
            "classify",
-           "is_quantised", "kernel_mode", "kernel_path", "layout_of", "report_line", "slice_rows"]
+           "is_quantised", "kernel_mode", "kernel_path", "layout_of", "report_line", "slice_rows", "unverified_reason"]
