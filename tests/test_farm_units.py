@@ -330,6 +330,21 @@ def test_the_gguf_type_is_read_from_the_file_before_its_name(folder, tmp_path):
     assert needs.read_settings(workflow).weights == "q4_k"          # not found: its name
 
 
+def test_a_comfy_quant_dit_is_priced_by_its_layers_before_its_name(folder, tmp_path):
+    """A UNETLoader file found in the models folder is priced by its ComfyUI quantised layers (a real safetensors
+    file with comfy_quant entries), whatever its name says; one not found by its name."""
+    from comfy_quant_files import LAYERS, write_dit
+
+    models = tmp_path / "base" / "models" / "diffusion_models"
+    models.mkdir(parents=True)
+    write_dit(models / "h3_int8_convrot.safetensors", {name: {"format": "nvfp4"} for name in LAYERS})
+    workflow = _t2v(**{"1": {"class_type": "UNETLoader",
+                             "inputs": {"unet_name": "h3_int8_convrot.safetensors", "weight_dtype": "default"}}})
+    found = needs.read_settings(workflow, needs.comfy_model_dirs(tmp_path / "base"))
+    assert found.weights == "nvfp4" and "nvfp4 layers read from" in found.weights_from
+    assert needs.read_settings(workflow).weights == "int8_convrot"        # not found: its name
+
+
 def test_a_stitch_only_job_is_priced_by_its_own_phase(folder):
     stitch = {"1": {"class_type": "LoadImage", "inputs": {"image": "a.png"}},
               "2": {"class_type": "H3DirectorStitch", "inputs": {

@@ -101,7 +101,8 @@ def check_args(args: argparse.Namespace) -> None:
 
 def formats(args: argparse.Namespace) -> list[str] | None:
     """The DiT formats the plan may choose: `--weights` if given (checked against what loads it when a
-    workflow is written); for a workflow, those its `--dit` file can hold; else None (every format).
+    workflow is written); for a workflow, the format read from its `--dit` file when that is a path here
+    (`_dit_file_format`), else those its `--dit` file can hold; else None (every format).
     `InvalidInputError` for a GGUF `--dit` without `--weights`, or weights no ComfyUI loader reads."""
     from h3director.plan.capabilities import GGUF_TYPES
     from h3director.plan.formats import weight_format
@@ -120,11 +121,30 @@ def formats(args: argparse.Namespace) -> list[str] | None:
             raise InvalidInputError(f"DiT weights {fmt} have no ComfyUI loader to write into the workflow")
         return [fmt]
     if args.workflow:
+        read = _dit_file_format(args.dit) if args.dit else None
+        if read is not None:
+            return [read]
         if args.dit and dit_file_kind(args.dit) == "gguf":
             raise InvalidInputError(f"--dit {args.dit} is a GGUF file: say which quantisation it holds with "
-                                    f"--weights ({', '.join(GGUF_TYPES)})")
+                                    f"--weights ({', '.join(GGUF_TYPES)}), or give its path so its header is read")
         return list(loadable_formats(("bf16", "fp8"), "comfyui"))
     return None
+
+
+def _dit_file_format(dit: str) -> str | None:
+    """The planner format of `--dit` read from the file when it exists here (a path): a GGUF's type from its
+    header, a safetensors file's ComfyUI quantised layers; None when the file is not here or is not quantised."""
+    from pathlib import Path
+
+    from h3director.plan import capabilities
+    from h3director.plan.workflow_comfy import dit_file_kind
+
+    path = Path(dit)
+    if not path.is_file():
+        return None
+    if dit_file_kind(dit) == "gguf":
+        return capabilities.gguf_file_format(path)
+    return capabilities.comfy_dit_file_format(path)
 
 
 def _run_spec(args: argparse.Namespace):

@@ -78,7 +78,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _dit_format(summary: dict) -> str | None:
-    """The planner's name for the DiT's dominant matrix type (None when the planner has no such format)."""
+    """The planner's name for the DiT's format: a ComfyUI quantised file's by its layers
+    (`capabilities.comfy_quant_format`), else its dominant matrix type's (None when the planner has no such
+    format)."""
+    if summary.get("comfy_quant"):
+        from h3director.plan.capabilities import comfy_quant_format
+
+        try:
+            return comfy_quant_format(summary["comfy_quant"])
+        except InvalidInputError:
+            return None
     quantised = {t: r for t, r in summary["types"].items() if t not in ("F32", "F16", "BF16")}
     pool = quantised or summary["types"]
     if not pool:

@@ -3,7 +3,8 @@
 What a ComfyUI workflow loads is read from its nodes (`read_settings`), through the capability registry
 (`plan.capabilities`), so a job is priced as it will run:
 
-- DiT weights: ``UNETLoader`` (``weight_dtype`` fp8_* -> fp8; default -> the file's format, fp8/int8 when its name
+- DiT weights: ``UNETLoader`` (``weight_dtype`` fp8_* -> fp8; default -> the file's format: its comfy_quant layers
+  when the file is found in the model folders, else int8 / int8_convrot / nvfp4 / fp8 when its name
   says so, else bf16) or ``H3DirectorGGUFDiTLoader`` (the GGUF type from the file's header when the file is in the
   models folders given, else from its name; a GGUF whose type cannot be told refuses the job);
 - text encoder: ``CLIPLoader``'s file (fp8 when the name says so, else bf16) and ``device`` (cpu or default);
@@ -224,13 +225,7 @@ def _gguf_format(name: str, model_dirs: Sequence[Path]) -> tuple[str, str]:
     for folder in model_dirs:
         path = Path(folder) / name
         if path.is_file():
-            from h3director.weights.inspect import summarise
-
-            types = {t: row["bytes"] for t, row in summarise(path)["types"].items()}
-            fmt = caps.gguf_format_from_types(types)
-            if fmt is None:
-                raise InvalidInputError(f"GGUF DiT {name!r}: its tensors are {sorted(types)}, none of the types "
-                                        f"the loader runs ({', '.join(caps.GGUF_TYPES.values())})")
+            fmt = caps.gguf_file_format(path)
             return fmt, f"{caps.GGUF_TYPES[fmt]} from the header of {path}"
     fmt = caps.gguf_format_from_name(name)
     if fmt is None:
@@ -252,11 +247,20 @@ def read_settings(workflow: dict, model_dirs: Sequence[Path] = ()) -> WorkflowSe
         loaders.append(_gguf_format(name, model_dirs))
     for _, node in _nodes(workflow, UNET_LOADER_CLASS):
         dtype = str(_literal(node, "weight_dtype") or "default")
-        name = str(_literal(node, "unet_name") or "").lower()
+        file_name = str(_literal(node, "unet_name") or "")
+        name = file_name.lower()
+        found_file = next((Path(d) / file_name for d in model_dirs if file_name and (Path(d) / file_name).is_file()),
+                          None)
+        layers = caps.comfy_dit_file_format(found_file) if found_file and name.endswith(".safetensors") else None
         if dtype.startswith("fp8"):
             loaders.append(("fp8", f"UNETLoader weight_dtype {dtype}"))
+        elif layers is not None:
+            loaders.append((layers, f"UNETLoader, {layers} layers read from {found_file}"))
         elif "int8" in name:
-            loaders.append(("int8", "UNETLoader, an int8 file (by its name)"))
+            fmt = "int8_convrot" if "convrot" in name else "int8"
+            loaders.append((fmt, f"UNETLoader, an {fmt} file (by its name)"))
+        elif "nvfp4" in name:
+            loaders.append(("nvfp4", "UNETLoader, an nvfp4 file (by its name)"))
         elif "fp8" in name or "e4m3" in name:
             loaders.append(("fp8", "UNETLoader, an fp8 file (by its name)"))
         else:

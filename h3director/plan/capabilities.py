@@ -25,9 +25,10 @@ What loads what (checked in the vendored ComfyUI, ``.comfy/ComfyUI``):
   int8 is offered for ComfyUI only. The DiT Memory node chunks these layers through the int8 kernel itself
   (`h3director.dit.quantised`: rows and weight rows exact by construction), so ``dit.chunking`` runs with int8
   weights, priced with the kernel's own buffers (`plan.quantised_bytes`);
-- DiT int8_convrot / nvfp4: ``UNETLoader`` with ``weight_dtype`` default on a file of comfy_quant
-  ``int8_tensorwise`` layers with ``convrot`` / ``nvfp4`` layers (ComfyUI only). nvfp4 runs its own kernel from
-  CUDA compute capability 10.0, elsewhere it dequantises its weight per call. How each format's linears run
+- DiT int8_convrot / nvfp4 / fp8_scaled: ``UNETLoader`` with ``weight_dtype`` default on a file of comfy_quant
+  ``int8_tensorwise`` layers with ``convrot`` / ``nvfp4`` / ``float8_e4m3fn`` layers (ComfyUI only). nvfp4 runs
+  its own kernel from CUDA compute capability 10.0, fp8_scaled from 8.9, elsewhere they dequantise their
+  weight per call (`weights inspect` and the farm read a file's layers: `comfy_quant_format`). How each format's linears run
   and which tiers act on them: `plan.quantised_tiers` (the planner offers FFN chunks only where they act:
   `check_chunking`);
 - DiT GGUF Q8_0 / Q6_K / Q5_K / Q4_K / Q4_K_M: this pack's ``H3DirectorGGUFDiTLoader`` (``gguf_name``), and
@@ -56,7 +57,7 @@ __all__ = [
     "REGISTRY", "capability", "check_target", "offered", "GGUF_TYPES", "weights_capability", "applied_settings",
     "dit_formats", "text_encoder_formats", "check_offered", "POOL_CONFIG_KEY", "BLOCK_SWAP_NODE", "DIT_MEMORY_NODE",
     "GGUF_LOADER_NODE", "DECODE_NODE", "CLIP_LOADER_NODE", "check_chunking", "decode_budget_gb",
-    "gguf_format_from_types",
+    "gguf_format_from_types", "COMFY_QUANT_FORMATS", "comfy_dit_file_format", "gguf_file_format", "comfy_quant_format",
     "gguf_format_from_name",
 ]
 
@@ -203,6 +204,10 @@ REGISTRY: dict[str, Capability] = _entries(
                ComfyExecutor("UNETLoader", ("unet_name", "weight_dtype"),
                              "weight_dtype default; a file with comfy_quant nvfp4 layers"),
                None, _WEIGHTS_COST),
+    Capability("dit.weights.fp8_scaled", "DiT weights in scaled fp8 (ComfyUI's float8_e4m3fn layers)", "approximate",
+               ComfyExecutor("UNETLoader", ("unet_name", "weight_dtype"),
+                             "weight_dtype default; a file with comfy_quant float8_e4m3fn layers"),
+               None, _WEIGHTS_COST),
     Capability("dit.weights.gguf", "DiT weights in a GGUF quantisation, dequantised one layer at a time",
                "approximate", _GGUF_LOADER, _GGUF_CALL, _WEIGHTS_COST),
     Capability("dit.chunking", "attention head groups and FFN row chunks inside each DiT block",
@@ -268,11 +273,13 @@ GGUF_TYPES = {"q8_0": "Q8_0", "q6_k": "Q6_K", "q5_k": "Q5_K", "q4_k": "Q4_K", "q
 """Planner weight-format ids of GGUF quantisations -> the `weights convert --type` names that write them."""
 
 # Best to most compressed: the order the planner tries them in.
-_DIT_FORMAT_ORDER = ("bf16", "fp8", "int8", "int8_convrot", "q8_0", "q6_k", "q5_k", "nvfp4", "q4_k_m", "q4_k")
+_DIT_FORMAT_ORDER = ("bf16", "fp8", "fp8_scaled", "int8", "int8_convrot", "q8_0", "q6_k", "q5_k", "nvfp4", "q4_k_m",
+                     "q4_k")
 _TEXT_ENCODER_FORMAT_ORDER = ("bf16", "fp8")
 _COMFY_QUANT_FILES = {"int8": " (a file with comfy_quant int8_tensorwise layers)",
                       "int8_convrot": " (a file with comfy_quant int8_tensorwise layers with convrot)",
-                      "nvfp4": " (a file with comfy_quant nvfp4 layers)"}
+                      "nvfp4": " (a file with comfy_quant nvfp4 layers)",
+                      "fp8_scaled": " (a file with comfy_quant float8_e4m3fn layers)"}
 _SINK_CLASSES = {"uint8": "Uint8FrameSink", "memmap": "MemmapSink", "tensor": "TensorSink",
                  "video": "VideoFileSink"}
 
@@ -435,6 +442,48 @@ def gguf_format_from_types(type_bytes: Mapping[str, int]) -> str | None:
     if main == "Q4_K" and "Q6_K" in quantised:
         return "q4_k_m"
     return {v: k for k, v in GGUF_TYPES.items()}.get(main)
+
+
+COMFY_QUANT_FORMATS = {"int8_tensorwise": "int8", "int8_tensorwise+convrot": "int8_convrot", "nvfp4": "nvfp4",
+                       "float8_e4m3fn": "fp8_scaled"}
+"""ComfyUI quantisations (`weights.inspect.comfy_quant_layers` keys) -> the planner format priced for them."""
+
+
+def comfy_quant_format(layers: Mapping[str, int]) -> str | None:
+    """The planner format of a ComfyUI quantised DiT from its layers per quantisation (`comfy_quant_layers`):
+    the quantisation of most layers; None when it has no quantised layers. `InvalidInputError` when that
+    quantisation has no planner format (mxfp8, convrot_w4a4, asym_w4a8_int8 are not priced)."""
+    if not layers:
+        return None
+    main = max(layers, key=layers.get)
+    if main not in COMFY_QUANT_FORMATS:
+        raise InvalidInputError(f"a DiT of {main} layers cannot be planned: the planner prices "
+                                f"{', '.join(COMFY_QUANT_FORMATS)} layers")
+    return COMFY_QUANT_FORMATS[main]
+
+
+def gguf_file_format(path) -> str:
+    """The planner format of the GGUF DiT at `path` from its header (`gguf_format_from_types` of the bytes per
+    storage type); `InvalidInputError` when none of its types is one the GGUF loader runs."""
+    from h3director.weights.inspect import summarise
+
+    types = {t: row["bytes"] for t, row in summarise(path)["types"].items()}
+    fmt = gguf_format_from_types(types)
+    if fmt is None:
+        raise InvalidInputError(f"GGUF DiT {str(path)!r}: its tensors are {sorted(types)}, none of the types the "
+                                f"loader runs ({', '.join(GGUF_TYPES.values())})")
+    return fmt
+
+
+def comfy_dit_file_format(path) -> str | None:
+    """The planner format of the ComfyUI safetensors DiT at `path` read from its layers (`comfy_quant_format`
+    of `weights.inspect.comfy_quant_layers`): None for a file without quantised layers. The header is validated
+    (`InvalidInputError` for a bad file)."""
+    from h3director.weights.files import open_weights
+    from h3director.weights.inspect import comfy_quant_layers
+
+    with open_weights(path) as source:
+        return comfy_quant_format(comfy_quant_layers(source))
 
 
 def gguf_format_from_name(name: str) -> str | None:

@@ -56,6 +56,8 @@ FORMATS: dict[str, WeightFormat] = {
     "bf16": WeightFormat("bf16", 16, description="bfloat16 (the released DiT)"),
     "fp16": WeightFormat("fp16", 16, description="float16"),
     "fp8": WeightFormat("fp8", 8, description="float8 e4m3 with a per-tensor scale"),
+    "fp8_scaled": WeightFormat("fp8_scaled", 8, description="float8 e4m3 layers with their scales (ComfyUI "
+                                                           "comfy_quant float8_e4m3fn: scaled fp8 files)"),
     "int8": WeightFormat("int8", 8, row_scale_bytes=4, description="int8 with a float32 scale per output channel"),
     "int8_convrot": WeightFormat("int8_convrot", 8, row_scale_bytes=4,
                                  description="int8 as int8, inputs Hadamard-rotated (ConvRot) before quantising"),

@@ -4,16 +4,16 @@ A planner format (`plan.formats.FORMATS` id) loads, in a target (`plan.capabilit
 layout (`LAYOUTS`, keys of `h3director.dit.quantised.LAYOUTS` and `plan.quantised_bytes.CALLS`):
 
 - ComfyUI: int8 and int8_convrot are comfy_quant ``int8_tensorwise`` layers (without / with the Hadamard
-  rotation), nvfp4 comfy_quant ``nvfp4`` layers; fp8 is ``UNETLoader``'s ``weight_dtype fp8_e4m3fn`` (a
-  one-byte float weight cast to the compute dtype: `CAST`); GGUF types are this pack's GGUF layers;
+  rotation), nvfp4 comfy_quant ``nvfp4`` layers, fp8_scaled comfy_quant ``float8_e4m3fn`` layers (scaled fp8
+  files); fp8 is ``UNETLoader``'s ``weight_dtype fp8_e4m3fn`` on a float file (a one-byte float weight cast to
+  the compute dtype: `CAST`); GGUF types are this pack's GGUF layers;
 - diffusers: fp8 is layerwise casting (`CAST`, made per call); GGUF types are diffusers' GGUF layers
   dequantised per call (`h3director.integrations.diffusers_gguf`); no int8 or nvfp4 loader;
 - bf16 / fp32 / fp16 layers are not quantised (None).
 
 The kernel path (`plan.quantised_bytes.NATIVE` / `EMULATED`) is ComfyUI's choice at load
-(`comfy.ops.pick_operations`): int8 layouts always run their own kernel; nvfp4 only on CUDA devices of
-compute capability 10.0 and up (`comfy.model_management.supports_nvfp4_compute`), else it dequantises its
-weight per call. A budget without a known capability (a given ``--vram``) is priced on the path that
+(`comfy.ops.pick_operations`): int8 layouts always run their own kernel; nvfp4 and fp8_scaled only on CUDA
+devices from the compute capability in `NATIVE_FROM`, else they dequantise their weight per call. A budget without a known capability (a given ``--vram``) is priced on the path that
 costs more, and the plan says so.
 
 Which tiers act on the layers: every layout the planner names chunks its rows and slices its weight rows
@@ -33,13 +33,16 @@ from dataclasses import dataclass
 
 from h3director.plan.quantised_bytes import CAST, EMULATED, GGUF, NATIVE, BlockLinears, LinearCall, call_for
 
-NVFP4_NATIVE_FROM = (10, 0)
-"""The CUDA compute capability from which ComfyUI runs NVFP4 through its own kernel (Blackwell)."""
+NATIVE_FROM = {"TensorCoreNVFP4Layout": (10, 0), "TensorCoreFP8E4M3Layout": (8, 9)}
+"""The CUDA compute capability from which ComfyUI runs a layout through its own kernel
+(`comfy.model_management.supports_nvfp4_compute` / `supports_fp8_compute`); below it, or off CUDA, the layer
+dequantises its weight per call."""
 
 _GGUF_FORMATS = ("q8_0", "q6_k", "q5_k", "q4_k", "q4_k_m")
 LAYOUTS: dict[str, dict[str, str]] = {
     "comfyui": {"int8": "TensorWiseINT8Layout", "int8_convrot": "TensorWiseINT8Layout+convrot",
-                "nvfp4": "TensorCoreNVFP4Layout", "fp8": CAST, **dict.fromkeys(_GGUF_FORMATS, GGUF)},
+                "nvfp4": "TensorCoreNVFP4Layout", "fp8_scaled": "TensorCoreFP8E4M3Layout", "fp8": CAST,
+                **dict.fromkeys(_GGUF_FORMATS, GGUF)},
     "diffusers": {"fp8": CAST, **dict.fromkeys(_GGUF_FORMATS, GGUF)},
 }
 """target -> planner format -> the layout its DiT linears load as (formats not listed: unquantised)."""
@@ -78,13 +81,13 @@ def kernel_paths(fmt: str, target: str, device: str, compute_capability: tuple[i
     layout = LAYOUTS[target].get(fmt)
     if layout in (None, CAST, GGUF):
         return (EMULATED,)
-    if layout != "TensorCoreNVFP4Layout":
+    if layout not in NATIVE_FROM:
         return (NATIVE,)                                # the int8 layouts: ComfyUI always runs their kernel
     if device != "cuda":
         return (EMULATED,)
     if compute_capability is None:
         return (NATIVE, EMULATED)
-    return (NATIVE,) if tuple(compute_capability) >= NVFP4_NATIVE_FROM else (EMULATED,)
+    return (NATIVE,) if tuple(compute_capability) >= NATIVE_FROM[layout] else (EMULATED,)
 
 
 @functools.lru_cache(maxsize=64)
@@ -116,4 +119,4 @@ def tiers_for(fmt: str, target: str) -> FormatTiers:
                        kept=tuple(dict.fromkeys(line for o in options for line in o.kept)), call=options[0].call)
 
 
-__all__ = ["LAYOUTS", "NVFP4_NATIVE_FROM", "FormatTiers", "format_tiers", "kernel_paths", "tiers_for"]
+__all__ = ["LAYOUTS", "NATIVE_FROM", "FormatTiers", "format_tiers", "kernel_paths", "tiers_for"]

@@ -1,14 +1,16 @@
-"""What a weight file holds, from its validated header alone (no tensor data is read).
+"""What a weight file holds, from its validated header (and ComfyUI's per-layer quantisation entries).
 
 `summarise(path)` returns a plain dict (JSON-ready): format, architecture label, tensor count, parameter
 count, bytes, a breakdown by storage type, the components found (DiT, text encoder, video VAE, audio VAE,
 other; see `h3_keys.split_components`), and for an H3 DiT its key style, block count, whether it is pruned
 (curve-form ``adaln_t_table``) and the bytes of its largest block and of everything outside the blocks
-(what a planner needs to decide residency and block offload).
+(what a planner needs to decide residency and block offload), and for a ComfyUI quantised safetensors file its
+layers per quantisation (`comfy_quant_layers`: the small ``comfy_quant`` entries are the only data read).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -28,6 +30,39 @@ def _tally(rows: dict[str, dict[str, int]], key: str, params: int, nbytes: int) 
     row["bytes"] += nbytes
 
 
+COMFY_QUANT_SUFFIX = ".comfy_quant"
+MAX_COMFY_QUANT_BYTES = 4096
+"""A layer's ``comfy_quant`` entry (JSON as uint8) larger than this is refused: ComfyUI's are tens of bytes."""
+
+
+def comfy_quant_layers(source) -> dict[str, int]:
+    """Layers per ComfyUI quantisation of an open safetensors `source` (`files.SafetensorsWeights`), read from
+    the ``<layer>.comfy_quant`` entries ComfyUI's loader reads (comfy/sd.py): {format: layers}, where format is
+    the entry's ``format`` (a `comfy.quant_ops.QUANT_ALGOS` key), ``+convrot`` appended for int8 layers with a
+    rotation. {} for a file without such entries (or a GGUF). `InvalidInputError` for an entry that is not
+    a 1-D uint8 JSON object of at most `MAX_COMFY_QUANT_BYTES` bytes with a string ``format``."""
+    if getattr(source, "kind", "") != "safetensors":
+        return {}
+    layers: dict[str, int] = {}
+    for name, entry in source.entries.items():
+        if not name.endswith(COMFY_QUANT_SUFFIX):
+            continue
+        if entry.type != "U8" or len(entry.shape) != 1 or entry.nbytes > MAX_COMFY_QUANT_BYTES:
+            raise InvalidInputError(f"{name}: a comfy_quant entry must be 1-D uint8 of at most "
+                                    f"{MAX_COMFY_QUANT_BYTES} bytes, got {entry.type} {list(entry.shape)}")
+        raw = b"".join(source.raw_chunks(name))
+        try:
+            conf = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InvalidInputError(f"{name}: not JSON ({exc})") from None
+        fmt = conf.get("format") if isinstance(conf, dict) else None
+        if not isinstance(fmt, str) or not 0 < len(fmt) <= 64:
+            raise InvalidInputError(f"{name}: no string 'format' in {raw[:80]!r}")
+        key = fmt + ("+convrot" if fmt == "int8_tensorwise" and conf.get("convrot") is True else "")
+        layers[key] = layers.get(key, 0) + 1
+    return layers
+
+
 def summarise(path: str | os.PathLike) -> dict[str, Any]:
     """The summary of the weight file at `path` (see the module docstring); sizes in bytes."""
     with open_weights(path) as source:
@@ -45,7 +80,7 @@ def summarise(path: str | os.PathLike) -> dict[str, Any]:
             "tensors": len(entries), "params": sum(r["params"] for r in components.values()),
             "bytes": sum(e.nbytes for e in entries.values()),
             "types": dict(sorted(by_type.items(), key=lambda kv: -kv[1]["bytes"])),
-            "components": components, "dit": None,
+            "components": components, "dit": None, "comfy_quant": comfy_quant_layers(source),
         }
         if source.kind == "gguf" and source.architecture:
             try:
@@ -73,4 +108,4 @@ def summarise(path: str | os.PathLike) -> dict[str, Any]:
     return summary
 
 
-__all__ = ["summarise"]
+__all__ = ["COMFY_QUANT_SUFFIX", "MAX_COMFY_QUANT_BYTES", "comfy_quant_layers", "summarise"]
