@@ -87,9 +87,9 @@ def test_every_library_executor_resolves_to_a_callable(key, executor):
 
 
 def test_formats_without_a_loader_are_not_offered():
-    assert caps.dit_formats("comfyui") == ("bf16", "fp8", "int8", "int8_convrot", "q8_0", "q6_k", "q5_k", "nvfp4",
-                                           "q4_k_m", "q4_k")
-    for fmt in ("int8", "int8_convrot", "nvfp4"):                 # comfy_quant layers: no diffusers loader here
+    assert caps.dit_formats("comfyui") == ("bf16", "fp8", "fp8_scaled", "int8", "int8_convrot", "q8_0", "q6_k",
+                                           "q5_k", "nvfp4", "q4_k_m", "q4_k")
+    for fmt in ("fp8_scaled", "int8", "int8_convrot", "nvfp4"):   # comfy_quant layers: no diffusers loader here
         assert fmt not in caps.dit_formats("diffusers")
     for target in caps.TARGETS:
         assert "nf4" not in caps.dit_formats(target)

@@ -69,6 +69,8 @@ def test_nvfp4_path_follows_the_compute_capability_and_unknown_prices_the_costli
     assert kernel_paths("nvfp4", "comfyui", "cuda", (8, 9)) == (quantised.EMULATED,)
     assert kernel_paths("nvfp4", "comfyui", "cpu", None) == (quantised.EMULATED,)
     assert kernel_paths("int8", "comfyui", "cuda", (7, 5)) == (quantised.NATIVE,)
+    assert kernel_paths("fp8_scaled", "comfyui", "cuda", (8, 9)) == (quantised.NATIVE,)
+    assert kernel_paths("fp8_scaled", "comfyui", "cuda", (8, 6)) == (quantised.EMULATED,)
     known = [sampling(weights="nvfp4", compute_capability=cc) for cc in ((12, 0), (8, 9))]
     assert sampling(weights="nvfp4") == max(known)
     unknown = estimate(PlanRequest(1344, 768, 124, weights="nvfp4")).notes
@@ -98,7 +100,7 @@ def test_a_tight_budget_gets_nvfp4_head_groups_and_no_ffn_chunks():
 
 
 def test_quantised_formats_load_only_where_a_loader_reads_them():
-    for fmt in ("int8", "int8_convrot", "nvfp4"):
+    for fmt in ("fp8_scaled", "int8", "int8_convrot", "nvfp4"):
         assert fmt in caps.dit_formats("comfyui") and fmt not in caps.dit_formats("diffusers")
         with pytest.raises(InvalidInputError, match="no loader for target diffusers"):
             recommend(REQUEST, Budget(80 * GiB, 64 * GiB), formats=[fmt], target="diffusers")
