@@ -9,9 +9,6 @@ tests/test_gguf_comfy.py). Without a ComfyUI checkout the tests skip with the re
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,30 +22,11 @@ CHECKS = ([f"exact/{dtype}/offload{n}" for dtype in ("float32", "bfloat16") for 
 
 from comfy_harness.vendored import h3_comfyui_root as comfyui_root  # noqa: E402
 from comfy_harness.vendored import why_no_h3_comfyui as skip_reason  # noqa: E402
-from comfy_harness.worker_checks import run_worker  # noqa: E402
+from comfy_harness.worker_checks import python_with, worker_tests  # noqa: E402
 
 ROOT = comfyui_root()
 pytestmark = [pytest.mark.comfyui, pytest.mark.skipif(ROOT is None, reason=skip_reason() if ROOT is None else "")]
 
 
-def worker_python() -> str:
-    python = os.environ.get("COMFYUI_PYTHON")
-    if python and subprocess.run([python, "-c", "import gguf"], capture_output=True).returncode == 0:
-        return python
-    return sys.executable
-
-
-@pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict:
-    tmp = tmp_path_factory.mktemp("blockswap")
-    return run_worker(WORKER, [ROOT, str(tmp)], "H3SWAP-RESULTS", python=worker_python(), timeout=600)
-
-
-def test_worker_ran_every_check(results):
-    assert sorted(results) == sorted(CHECKS)
-
-
-@pytest.mark.parametrize("name", CHECKS)
-def test_check(results, name):
-    entry = results[name]
-    assert entry["ok"], entry["detail"]
+results, test_worker_ran_every_check, test_check = worker_tests(
+    WORKER, "H3SWAP-RESULTS", CHECKS, lambda tmp: [ROOT, tmp], timeout=600, python=lambda: python_with("gguf"))

@@ -8,7 +8,6 @@ from `comfy_quant` metadata (`fixtures/comfy_harness/quant_layers.py`); the chec
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -25,24 +24,12 @@ CHECKS = ([f"exact/{c}" for c in CONFIGS]
 
 from comfy_harness.vendored import h3_comfyui_root as comfyui_root  # noqa: E402
 from comfy_harness.vendored import why_no_h3_comfyui as skip_reason  # noqa: E402
-from comfy_harness.worker_checks import run_worker  # noqa: E402
+from comfy_harness.worker_checks import worker_tests  # noqa: E402
 
 ROOT = comfyui_root()
 pytestmark = [pytest.mark.comfyui, pytest.mark.skipif(ROOT is None, reason=skip_reason() if ROOT is None else "")]
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict:
-    cache = tmp_path_factory.mktemp("kernels") / "kernels.json"     # nothing verified: decisions come from the table
-    return run_worker(WORKER, [ROOT], "H3DITQ-RESULTS", python=os.environ.get("COMFYUI_PYTHON"), timeout=1500,
-                      env={"H3_KERNEL_CACHE": str(cache)})
-
-
-def test_worker_ran_every_check(results):
-    assert sorted(results) == sorted(CHECKS)
-
-
-@pytest.mark.parametrize("name", CHECKS)
-def test_check(results, name):
-    entry = results[name]
-    assert entry["ok"], entry["detail"]
+# an empty kernel cache: nothing counts as verified, decisions come from the layout table
+results, test_worker_ran_every_check, test_check = worker_tests(
+    WORKER, "H3DITQ-RESULTS", CHECKS, lambda tmp: [ROOT], timeout=1500, env=lambda tmp: {"H3_KERNEL_CACHE": str(tmp / "kernels.json")})

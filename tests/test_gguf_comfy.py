@@ -9,9 +9,6 @@ ComfyUI is `COMFYUI_DIR` (the vendored `.comfy/ComfyUI` by default); the worker'
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,31 +23,11 @@ CHECKS = [f"exact/{q}/{d}" for q in ("Q8_0", "Q4_0", "Q5_1", "Q4_K") for d in ("
 
 from comfy_harness.vendored import h3_comfyui_root as comfyui_root  # noqa: E402
 from comfy_harness.vendored import why_no_h3_comfyui as skip_reason  # noqa: E402
-from comfy_harness.worker_checks import run_worker  # noqa: E402
-
-
-def worker_python() -> str:
-    python = os.environ.get("COMFYUI_PYTHON")
-    if python and subprocess.run([python, "-c", "import gguf"], capture_output=True).returncode == 0:
-        return python
-    return sys.executable
-
+from comfy_harness.worker_checks import python_with, worker_tests  # noqa: E402
 
 ROOT = comfyui_root()
 pytestmark = [pytest.mark.comfyui, pytest.mark.skipif(ROOT is None, reason=skip_reason() if ROOT is None else "")]
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict:
-    tmp = tmp_path_factory.mktemp("gguf")
-    return run_worker(WORKER, [ROOT, tmp], "H3GGUF-RESULTS", python=worker_python(), timeout=900)
-
-
-def test_worker_ran_every_check(results):
-    assert sorted(results) == sorted(CHECKS)
-
-
-@pytest.mark.parametrize("name", CHECKS)
-def test_check(results, name):
-    entry = results[name]
-    assert entry["ok"], entry["detail"]
+results, test_worker_ran_every_check, test_check = worker_tests(
+    WORKER, "H3GGUF-RESULTS", CHECKS, lambda tmp: [ROOT, tmp], timeout=900, python=lambda: python_with("gguf"))
