@@ -13,8 +13,8 @@ layout (`LAYOUTS`, keys of `h3director.dit.quantised.LAYOUTS` and `plan.quantise
 
 The kernel path (`plan.quantised_bytes.NATIVE` / `EMULATED`) is ComfyUI's choice at load
 (`comfy.ops.pick_operations`): int8 layouts always run their own kernel; nvfp4 and fp8_scaled only on CUDA
-devices from the compute capability in `NATIVE_FROM`, else they dequantise their weight per call. A budget without a known capability (a given ``--vram``) is priced on the path that
-costs more, and the plan says so.
+devices from the compute capability in `NATIVE_FROM`, else they dequantise their weight per call. A budget
+without a known capability (a given ``--vram``) is priced on the path that costs more, and the plan says so.
 
 Which tiers act on the layers: every layout the planner names chunks its rows and slices its weight rows
 (`h3director.dit.quantised.decide`, which decides per loaded layer; a test checks the two agree), except rows
@@ -52,17 +52,15 @@ LAYOUTS: dict[str, dict[str, str]] = {
 class FormatTiers:
     """How one format's DiT linears run in one target on one kernel path.
 
-    `layout`: the `LAYOUTS` value (None: unquantised); `path`: NATIVE / EMULATED; `heads_slice_qkv`: head
-    groups slice qkv's weight rows (else it is projected whole before the groups); `ffn_chunks`: FFN chunks act
-    on the layers; `kept`: why a layer is kept whole (one line each); `call`: what one call makes
-    (`plan.quantised_bytes.LinearCall`, None when unquantised); `held_per_block`: the tiers make the weight once
-    per block half (ComfyUI), not per call."""
+    `layout`: the `LAYOUTS` value (None: unquantised); `path`: NATIVE / EMULATED; `ffn_chunks`: FFN chunks act
+    on the layers (head groups slice qkv's weight rows in every planned layout); `kept`: why a layer is kept
+    whole (one line each); `call`: what one call makes (`plan.quantised_bytes.LinearCall`, None when
+    unquantised)."""
 
     fmt: str
     target: str
     layout: str | None
     path: str
-    heads_slice_qkv: bool = True
     ffn_chunks: bool = True
     kept: tuple[str, ...] = ()
     call: LinearCall | None = None
@@ -71,8 +69,7 @@ class FormatTiers:
         """The `BlockLinears` the ledger prices for a block run on `device` ("cuda", "mps" or "cpu")."""
         if self.call is None:
             return None
-        return BlockLinears(qkv=self.call, fc1=self.call, fc2=self.call, qkv_sliced=self.heads_slice_qkv,
-                            ffn_chunked=self.ffn_chunks, device=device)
+        return BlockLinears(qkv=self.call, fc1=self.call, fc2=self.call, ffn_chunked=self.ffn_chunks, device=device)
 
 
 def kernel_paths(fmt: str, target: str, device: str, compute_capability: tuple[int, int] | None) -> tuple[str, ...]:
@@ -113,9 +110,7 @@ def tiers_for(fmt: str, target: str) -> FormatTiers:
     """The tiers `fmt` offers in `target` on whichever kernel path it runs (a chunking acts on every path)."""
     paths = kernel_paths(fmt, target, "cuda", None)
     options = [format_tiers(fmt, target, path) for path in paths]
-    return FormatTiers(fmt, target, options[0].layout, options[0].path,
-                       heads_slice_qkv=all(o.heads_slice_qkv for o in options),
-                       ffn_chunks=all(o.ffn_chunks for o in options),
+    return FormatTiers(fmt, target, options[0].layout, options[0].path, ffn_chunks=all(o.ffn_chunks for o in options),
                        kept=tuple(dict.fromkeys(line for o in options for line in o.kept)), call=options[0].call)
 
 
