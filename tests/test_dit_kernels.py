@@ -284,6 +284,16 @@ def test_cli_json_output_and_cache(small_cli, cache_file, capsys):
     assert verified_properties("cpu", "fp32", widths=SMALL) == set(KERNEL_PROPERTIES)
 
 
+def test_cli_checks_the_extra_counts_a_node_is_set_to(small_cli, cache_file, capsys):
+    assert main(["verify-kernels", "--device", "cpu", "--dtype", "fp32", "--rows", str(ROWS), "--ffn-chunks", "40",
+                 "--query-chunks", "5", "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)["results"]
+    ffn, query = results[FFN_ROW_CHUNKS]["counts"], results[ATTENTION_QUERY_CHUNKS]["counts"]
+    # checked, with whichever verdict this CPU's GEMMs give 7-row chunks (40 chunks of 300 rows)
+    assert 40 in ffn["passed"] + ffn["failed"] and 5 in query["passed"] + query["failed"]
+    assert 40 not in kernels.DEFAULT_ROW_CHUNKS + kernels.ladder_counts(SMALL.heads)[0]    # only because asked
+
+
 def test_cli_table_reports_a_failing_property_with_exit_code_zero(small_cli, cache_file, capsys, monkeypatch):
     monkeypatch.setattr(F, "linear", _make_rows_noise(F.linear))
     assert main(["verify-kernels", "--device", "cpu", "--dtype", "fp32", "--rows", str(ROWS), "--no-cache"]) == 0
@@ -304,6 +314,8 @@ def _make_rows_noise(original):
     (["--device", "tpu"], "unknown device"),
     (["--device", "cpu", "--dtype", "fp8"], "unsupported dtype"),
     (["--device", "cpu", "--rows", "-5"], "rows must be"),
+    (["--device", "cpu", "--ffn-chunks", "1"], "extra FFN row-chunk counts must be integers from 2 to 1024"),
+    (["--device", "cpu", "--query-chunks", "2000"], "extra query-chunk counts must be integers from 2 to 1024"),
 ] + ([] if torch.cuda.is_available() else [(["--device", "cuda:0"], "CUDA is not available")]))
 def test_cli_bad_input_exits_nonzero(small_cli, cache_file, capsys, argv, message):
     assert main(["verify-kernels", *argv]) == 2

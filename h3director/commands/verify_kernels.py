@@ -1,4 +1,5 @@
-"""`h3director verify-kernels [--device DEV] [--dtype bf16|fp16|fp32] [--rows N] [--json]`.
+"""`h3director verify-kernels [--device DEV] [--dtype bf16|fp16|fp32] [--rows N] [--ffn-chunks N...]
+[--query-chunks N...] [--json]`.
 
 Runs the per-op A/B checks of `h3director.dit.kernels` at H3's real widths on this machine's device and
 files the result in the kernel cache. A property that fails is a finding about the device, reported in
@@ -22,6 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="packed rows per check (default 1024 on the CPU, 4096 on MPS, 8192 on CUDA); the "
                              "result holds for its row class (the power-of-two band of rows it falls in): run "
                              "it at the packed rows your renders have")
+    parser.add_argument("--ffn-chunks", type=int, nargs="+", default=(), metavar="N",
+                        help="FFN row-chunk counts to check besides the defaults and the escalation ladder's (2 to "
+                             "1024: a count your DiT Memory node is set to; a tier is exact only at counts that passed)")
+    parser.add_argument("--query-chunks", type=int, nargs="+", default=(), metavar="N",
+                        help="query-chunk counts to check besides the defaults and the ladder's (2 to 1024)")
     parser.add_argument("--cache", default=None,
                         help="kernel cache file (default: $H3_KERNEL_CACHE or ~/.cache/h3director/kernels.json)")
     parser.add_argument("--no-cache", action="store_true", help="check only; write nothing")
@@ -64,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     from h3director.dit.kernels import verify_kernels
 
     cache = False if args.no_cache else (args.cache or True)
-    report = verify_kernels(args.device, args.dtype, rows=args.rows, cache=cache)
+    report = verify_kernels(args.device, args.dtype, rows=args.rows, cache=cache,
+                            extra_row_chunks=tuple(args.ffn_chunks), extra_query_chunks=tuple(args.query_chunks))
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

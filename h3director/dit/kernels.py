@@ -70,6 +70,8 @@ LEGACY_QUERY_CHUNKS = (2, 3, 8)
 """What a cache entry written before entries recorded their split counts was checked at (the defaults then;
 head groups: every divisor of the heads)."""
 MAX_ROWS = 1 << 20
+MAX_SPLITS = 1024
+"""The most row or query chunks an extra count may ask for (the DiT Memory node's `ffn_chunks` maximum)."""
 
 
 def ladder_counts(heads: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -486,6 +488,7 @@ def verify_kernels(device: Any = None, dtype: Any = "bf16", rows: int | None = N
                    row_chunks: tuple[int, ...] | None = None,
                    head_groups: tuple[int, ...] | None = None,
                    query_chunks: tuple[int, ...] | None = None,
+                   extra_row_chunks: tuple[int, ...] = (), extra_query_chunks: tuple[int, ...] = (),
                    linear: Linear | None = None, attention: Attention | None = None,
                    cache: bool | str | Any = False) -> KernelReport:
     """Check each kernel property on ``device`` at ``dtype`` with ``rows`` packed rows (default
@@ -493,8 +496,9 @@ def verify_kernels(device: Any = None, dtype: Any = "bf16", rows: int | None = N
 
     ``head_groups`` defaults to every head-group count a tier can use (the divisors of ``widths.heads``
     above 1), ``row_chunks`` and ``query_chunks`` to `DEFAULT_ROW_CHUNKS` / `DEFAULT_QUERY_CHUNKS` and every
-    count of the escalation ladder (`ladder_counts`); the cache entry records which counts passed, and a tier
-    counts as verified only at those. ``linear(x, weight)`` and ``attention(q, k, v)`` default to ``torch.nn.functional.linear``
+    count of the escalation ladder (`ladder_counts`); ``extra_row_chunks`` / ``extra_query_chunks`` are
+    checked besides those (the counts a node is set to outside the ladder); the cache entry records which counts
+    passed, and a tier counts as verified only at those. ``linear(x, weight)`` and ``attention(q, k, v)`` default to ``torch.nn.functional.linear``
     and ``scaled_dot_product_attention``; tests pass others. ``cache``: False writes nothing, True
     files the result in the default cache (`kernel_cache.default_cache_path`), a path files it there.
     All arguments are checked before any tensor is made."""
@@ -517,9 +521,15 @@ def verify_kernels(device: Any = None, dtype: Any = "bf16", rows: int | None = N
         head_groups = tuple(g for g in divisors(widths.heads) if g > 1)
     ladder_ffn, ladder_query = ladder_counts(widths.heads)
     if row_chunks is None:
-        row_chunks = tuple(sorted({*DEFAULT_ROW_CHUNKS, *ladder_ffn}))
+        row_chunks = (*DEFAULT_ROW_CHUNKS, *ladder_ffn)
     if query_chunks is None:
-        query_chunks = tuple(sorted({*DEFAULT_QUERY_CHUNKS, *ladder_query}))
+        query_chunks = (*DEFAULT_QUERY_CHUNKS, *ladder_query)
+    for what, counts in (("extra FFN row-chunk counts", extra_row_chunks),
+                         ("extra query-chunk counts", extra_query_chunks)):
+        if any(not isinstance(c, int) or isinstance(c, bool) or not 1 < c <= MAX_SPLITS for c in counts):
+            raise InvalidInputError(f"{what} must be integers from 2 to {MAX_SPLITS}, got {list(counts)}")
+    row_chunks = tuple(sorted({*row_chunks, *extra_row_chunks}))
+    query_chunks = tuple(sorted({*query_chunks, *extra_query_chunks}))
     for groups in head_groups:
         head_ranges(widths.heads, groups)  # refuses a count that does not divide the heads
     for name, counts in (("row_chunks", row_chunks), ("query_chunks", query_chunks)):
