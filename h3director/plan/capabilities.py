@@ -336,11 +336,14 @@ def check_chunking(fmt: str, target: str, head_chunks: int, ffn_chunks: int) -> 
 
 
 def _chunking_text(fmt: str, target: str, head_chunks: int, ffn_chunks: int) -> str:
+    from h3director.plan.quantised_bytes import CAST, GGUF
     from h3director.plan.quantised_tiers import tiers_for
 
     text = f"{head_chunks} head groups, {ffn_chunks} FFN chunks"
     layout = tiers_for(fmt, target).layout
-    return text + (f" (the {fmt} linears through {layout})" if layout else "")
+    how = {None: "", CAST: f" (the {fmt} weights cast to the compute dtype)",
+           GGUF: f" (the {fmt} weights dequantised)"}
+    return text + how.get(layout, f" (the {fmt} linears through {layout}'s own kernel)")
 
 
 def decode_budget_gb(device_bytes: int) -> float:
