@@ -106,7 +106,7 @@ def test_quantised_formats_load_only_where_a_loader_reads_them():
             recommend(REQUEST, Budget(80 * GiB, 64 * GiB), formats=[fmt], target="diffusers")
 
 
-@pytest.mark.parametrize("bad", [(8,), (8, 9, 0), (-1, 0), ("8", "9")])
+@pytest.mark.parametrize("bad", [(8,), (8, 9, 0), (-1, 0), ("8", "9"), [8, 9], (8.0, 9), (True, 0)])
 def test_a_bad_compute_capability_is_refused_before_pricing(bad):
     with pytest.raises(InvalidInputError, match="compute_capability"):
         estimate(PlanRequest(1344, 768, 124, compute_capability=bad))

@@ -28,9 +28,9 @@ What loads what (checked in the vendored ComfyUI, ``.comfy/ComfyUI``):
 - DiT int8_convrot / nvfp4 / fp8_scaled: ``UNETLoader`` with ``weight_dtype`` default on a file of comfy_quant
   ``int8_tensorwise`` layers with ``convrot`` / ``nvfp4`` / ``float8_e4m3fn`` layers (ComfyUI only). nvfp4 runs
   its own kernel from CUDA compute capability 10.0, fp8_scaled from 8.9, elsewhere they dequantise their
-  weight per call (`weights inspect` and the farm read a file's layers: `comfy_quant_format`). How each format's linears run
-  and which tiers act on them: `plan.quantised_tiers` (the planner offers FFN chunks only where they act:
-  `check_chunking`);
+  weight per call (`weights inspect`, the plan and the farm read a file's layers: `comfy_dit_file_format`). How
+  each format's linears run and which tiers act on them: `plan.quantised_tiers` (the planner offers FFN chunks
+  only where they act: `check_chunking`);
 - DiT GGUF Q8_0 / Q6_K / Q5_K / Q4_K / Q4_K_M: this pack's ``H3DirectorGGUFDiTLoader`` (``gguf_name``), and
   `h3director.integrations.diffusers_gguf.load_h3_transformer_gguf` (files written by ``h3director weights convert``);
 - nf4 DiT: no loader in either target, never offered;

@@ -139,8 +139,9 @@ class PlanRequest:
         if self.device not in DEVICES:
             raise InvalidInputError(f"device must be one of {DEVICES}, got {self.device!r}")
         cc = self.compute_capability
-        if cc is not None and (len(cc) != 2 or not all(isinstance(v, int) and 0 <= v < 100 for v in cc)):
-            raise InvalidInputError(f"compute_capability must be (major, minor), e.g. (8, 9), got {cc!r}")
+        if cc is not None and (not isinstance(cc, tuple) or len(cc) != 2
+                               or not all(type(v) is int and 0 <= v < 100 for v in cc)):
+            raise InvalidInputError(f"compute_capability must be a tuple (major, minor), e.g. (8, 9), got {cc!r}")
         dtype_bytes(self.compute_dtype)
         dtype_bytes(self.vae_dtype)
         check_backend(self.attention, self.head_chunks, self.ffn_chunks, DiTShape.from_config(self.dit_config))
