@@ -113,10 +113,9 @@ for _rule in (
     _native("AsymW4A8Int8Layout", _W, _W, "Hadamard rotation (float GEMM) then int8 per row",
             "int4 weight groups expanded to int8 per output row, then the rotated int8 kernel; rows rest on the "
             "rotation GEMM, weight rows on per-row group scales"),
-    _native("TensorCoreFP8E4M3Layout", _W, _W, "fp8 per tensor (input_scale, else 1.0: static)",
-            "fp8 scaled GEMM with float accumulation; one per-tensor input scale for every chunk"),
-    _native("TensorCoreFP8E5M2Layout", _W, _W, "fp8 per tensor (input_scale, else 1.0: static)",
-            "fp8 scaled GEMM with float accumulation; one per-tensor input scale for every chunk"),
+    *(_native(fp8, _W, _W, "fp8 per tensor (input_scale, else 1.0: static)",
+              "fp8 scaled GEMM with float accumulation; one per-tensor input scale for every chunk")
+      for fp8 in ("TensorCoreFP8E4M3Layout", "TensorCoreFP8E5M2Layout")),
     _native("TensorCoreNVFP4Layout", _W, _W, "fp4 per 16-block along K, times a per-tensor scale",
             "fp4 scaled GEMM with float accumulation; block scales per row; weight block scales in "
             f"{SWIZZLE_ROWS}-row swizzled tiles", row_group=SWIZZLE_ROWS),
@@ -180,6 +179,15 @@ def reported_exactness(rule: LayoutRule, use: str) -> Exactness | None:
     return exactness
 
 
+def exact_only_reason(rule: LayoutRule, use: str) -> str | None:
+    """Why "exact only" keeps a layer of `rule` stock for `use` (its chunked call is reported approximate:
+    `reported_exactness`), or None when its chunking is exact by construction or rests on what verify-kernels
+    checks."""
+    if reported_exactness(rule, use) != Exactness.APPROXIMATE:
+        return None
+    return f"exact only: {rule.layout}'s {rule.path} kernel is not verified at these shapes"
+
+
 def report_text(layer: str, rule: LayoutRule, use: str) -> str:
     """One report line for a chunked quantised layer."""
     how = "input rows chunked" if use == ROWS else "weight rows sliced per head group"
@@ -192,4 +200,4 @@ def report_text(layer: str, rule: LayoutRule, use: str) -> str:
 
 
 __all__ = ["EMULATED", "LAYOUTS", "NATIVE", "PATHS", "ROWS", "SWIZZLE_ROWS", "WEIGHT_ROWS", "LayoutRule",
-           "check_weight_row_groups", "decide", "report_text", "reported_exactness", "rule_for"]
+           "check_weight_row_groups", "decide", "exact_only_reason", "report_text", "reported_exactness", "rule_for"]

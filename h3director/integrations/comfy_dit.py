@@ -54,6 +54,7 @@ from typing import Any
 
 from h3director.dit.blocks import chunked_rows, grouped_attention, swiglu_rows
 from h3director.dit.memory import DiTMemoryHandle, memory_handle
+from h3director.dit.quantised import exact_only_reason
 from h3director.dit.ranges import row_ranges
 from h3director.dit.tiers import QUERY_ALIGN, DiTMemoryPlan, Exactness
 from h3director.errors import InvalidInputError
@@ -87,7 +88,7 @@ def linear_kind(layer, use: str = "rows", for_act: bool = False, exact_only: boo
     layer is fc2, called through `linear_input_act`); ("stock", reason) when it must be called as is.
     "gguf": a layer of the GGUF DiT loader (`h3director.integrations.comfy_gguf`), whose forward is
     `F.linear(x, *layer.gguf_weight_bias(x))`. `exact_only`: a quantised layer whose chunked call is reported
-    approximate (`comfy_quant.unverified_reason`) keeps its stock call."""
+    approximate (`dit.quantised.exact_only_reason`) keeps its stock call."""
     import torch
 
     _, _, ops, quant_ops = _comfy()
@@ -102,9 +103,10 @@ def linear_kind(layer, use: str = "rows", for_act: bool = False, exact_only: boo
     from h3director.integrations import comfy_quant
 
     if comfy_quant.is_quantised(layer):
-        kind, reason, _ = comfy_quant.classify(layer, use, for_act)
-        unverified = comfy_quant.unverified_reason(layer, use, for_act) if exact_only else None
-        return ("stock", unverified) if unverified else (kind, reason)
+        kind, reason, rule = comfy_quant.classify(layer, use, for_act)
+        if exact_only and kind == "quant" and (unverified := exact_only_reason(rule, use)):
+            return "stock", unverified
+        return kind, reason
     cls = type(layer)
     base = ops.disable_weight_init.Linear
     if cls.forward is base.forward and cls.forward_comfy_cast_weights is base.forward_comfy_cast_weights:

@@ -278,18 +278,6 @@ def report_line(layer, name: str, use: str, for_act: bool = False) -> tuple[str,
     return report_text(name, rule, use), reported_exactness(rule, use).value
 
 
-def unverified_reason(layer, use: str, for_act: bool = False) -> str | None:
-    """Why "exact only" keeps quantised `layer` stock for `use` (its chunked call is reported approximate), or
-    None when its chunking is exact by construction or rests on what verify-kernels checks."""
-    from h3director.dit.quantised import reported_exactness
-    from h3director.dit.tiers import Exactness
-
-    kind, _, rule = classify(layer, use, for_act)
-    if kind != "quant" or reported_exactness(rule, use) != Exactness.APPROXIMATE:
-        return None
-    return f"exact only: {rule.layout}'s {rule.path} kernel is not verified at these shapes"
-
-
 def check_model_head_groups(blocks, head_chunks: int) -> None:
     """`check_head_groups` for the qkv projection of every block in `blocks` (ComfyUI H3 `DiTBlock`s)."""
     if head_chunks == 1:
@@ -353,4 +341,4 @@ def block_linears(block, device):
 
 __all__ = ["ROWS", "WEIGHT_ROWS", "QuantWeights", "block_decisions", "block_linears", "check_head_groups", "check_model_head_groups",
            "classify",
-           "is_quantised", "kernel_mode", "kernel_path", "layout_of", "report_line", "slice_rows", "unverified_reason"]
+           "is_quantised", "kernel_mode", "kernel_path", "layout_of", "report_line", "slice_rows"]
