@@ -249,12 +249,13 @@ def read_settings(workflow: dict, model_dirs: Sequence[Path] = ()) -> WorkflowSe
         dtype = str(_literal(node, "weight_dtype") or "default")
         file_name = str(_literal(node, "unet_name") or "")
         name = file_name.lower()
+        if dtype.startswith("fp8"):
+            loaders.append(("fp8", f"UNETLoader weight_dtype {dtype}"))
+            continue
         found_file = next((Path(d) / file_name for d in model_dirs if file_name and (Path(d) / file_name).is_file()),
                           None)
         layers = caps.comfy_dit_file_format(found_file) if found_file and name.endswith(".safetensors") else None
-        if dtype.startswith("fp8"):
-            loaders.append(("fp8", f"UNETLoader weight_dtype {dtype}"))
-        elif layers is not None:
+        if layers is not None:
             loaders.append((layers, f"UNETLoader, {layers} layers read from {found_file}"))
         elif "int8" in name:
             fmt = "int8_convrot" if "convrot" in name else "int8"
