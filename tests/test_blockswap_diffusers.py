@@ -13,7 +13,7 @@ import pytest
 import torch
 
 pytest.importorskip("diffusers")
-from test_dit_diffusers import assert_equal, packed_inputs, run, tiny_transformer  # noqa: E402
+from test_dit_diffusers import assert_equal, packed_inputs, run, stock_reference, tiny_transformer  # noqa: E402
 
 from h3director.errors import InvalidInputError  # noqa: E402
 from h3director.integrations.diffusers_dit import apply_memory_plan  # noqa: E402
@@ -27,7 +27,7 @@ def stock(request):
     dtype = request.param
     model = tiny_transformer(dtype, layers=LAYERS)
     inputs = packed_inputs(dtype)
-    return model, inputs, run(model, inputs)
+    return model, inputs, stock_reference(model, inputs)
 
 
 def probe_residency(model, handle) -> tuple[list, list]:

@@ -98,6 +98,20 @@ def run(model: MiniMaxH3Transformer3DModel, inputs: dict) -> tuple[torch.Tensor,
     return out.sample, out.audio_sample
 
 
+def stock_reference(model: MiniMaxH3Transformer3DModel, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stock output a tier or an offload is compared with: the second forward, checked equal to a third.
+    The first is discarded: on one CI machine the process's first fp32 forward at these shapes differed from
+    every later one (max abs 1.5e-5) while the later ones agreed; comparing with it tests the platform."""
+    run(model, inputs)
+    want = run(model, inputs)
+    again = run(model, inputs)
+    for a, b in zip(again, want, strict=True):
+        assert torch.equal(a, b), ("two stock forwards on the same inputs differ on this machine "
+                                   f"(max abs diff {(a.float() - b.float()).abs().max().item()}): "
+                                   "bit-exactness cannot be tested here")
+    return want
+
+
 def assert_equal(got: tuple, want: tuple) -> None:
     for a, b in zip(got, want, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape
@@ -122,7 +136,7 @@ def stock(request):
     dtype = request.param
     model = tiny_transformer(dtype)
     inputs = packed_inputs(dtype)
-    return model, inputs, run(model, inputs)
+    return model, inputs, stock_reference(model, inputs)
 
 
 @pytest.mark.parametrize("tier", TIERS, ids=lambda t: "-".join(f"{k[0]}{v}" for k, v in t.items()) or "lifetime")
@@ -149,7 +163,7 @@ def test_fused_qkv_projection_equals_stock(dtype, tier):
     model.fuse_qkv_projections()
     assert model.transformer_blocks[0].attn.fused_projections
     inputs = packed_inputs(dtype)
-    want = run(model, inputs)
+    want = stock_reference(model, inputs)
     handle = apply_memory_plan(model, **tier)
     got = run(model, inputs)
     handle.remove()
@@ -159,7 +173,7 @@ def test_fused_qkv_projection_equals_stock(dtype, tier):
 def test_remove_restores_the_stock_model():
     model = tiny_transformer(torch.float32)
     inputs = packed_inputs(torch.float32)
-    want = run(model, inputs)
+    want = stock_reference(model, inputs)
     processors = [b.attn.processor for b in model.transformer_blocks]
     state = {k: v.clone() for k, v in model.state_dict().items()}
     handle = apply_memory_plan(model, head_chunks=2, ffn_chunks=2, query_chunks=2)
@@ -241,7 +255,7 @@ def test_composes_with_block_level_group_offload():
     """Plan first, then group offload (streams need an accelerator: `use_stream=False` on the CPU)."""
     model = tiny_transformer(torch.float32)
     inputs = packed_inputs(torch.float32)
-    want = run(model, inputs)
+    want = stock_reference(model, inputs)
     handle = apply_memory_plan(model, head_chunks=2, ffn_chunks=3, query_chunks=2)
     model.enable_group_offload(onload_device=torch.device("cpu"), offload_type="block_level", num_blocks_per_group=1)
     calls = []
@@ -289,7 +303,7 @@ class StandInCapacity:
 def test_capacity_check_runs_before_each_forward(mode):
     model = tiny_transformer(torch.bfloat16)
     inputs = packed_inputs(torch.bfloat16)
-    want = run(model, inputs)
+    want = stock_reference(model, inputs)
     chosen = DiTMemoryPlan(head_chunks=2, ffn_chunks=3)
     capacity = StandInCapacity(chosen)
     handle = apply_memory_plan(model, ffn_chunks=2, mode=mode, capacity=capacity)
@@ -316,7 +330,7 @@ def test_capacity_check_runs_before_each_forward(mode):
 def test_autograd_runs_the_stock_block():
     model = tiny_transformer(torch.float32)
     inputs = packed_inputs(torch.float32)
-    want = run(model, inputs)
+    want = stock_reference(model, inputs)
     handle = apply_memory_plan(model, head_chunks=2, ffn_chunks=2)
     out = model(**inputs)
     handle.remove()
@@ -362,7 +376,7 @@ def test_hooked_projection_is_called_whole_once_per_block():
     once on all heads and the groups are cut from its output, so its hooks see the stock call."""
     model = tiny_transformer(torch.float32)
     inputs = packed_inputs(torch.float32)
-    want = run(model, inputs)
+    want = stock_reference(model, inputs)
     seen = []
     hooks = [b.attn.to_k.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[-1]))
              for b in model.transformer_blocks]
