@@ -57,7 +57,13 @@ sys.path.insert(0, str(REPO))
 from h3director.dit import kernels  # noqa: E402
 from h3director.dit.kernels import KernelWidths  # noqa: E402
 from h3director.dit.memory import VerificationCache, memory_handle  # noqa: E402
-from h3director.dit.tiers import KERNEL_PROPERTIES, STOCK, DiTMemoryPlan  # noqa: E402
+from h3director.dit.tiers import (  # noqa: E402
+    KERNEL_PROPERTIES,
+    QKV_COLUMN_GROUPS,
+    QKV_SEPARATE_COLUMN_GROUPS,
+    STOCK,
+    DiTMemoryPlan,
+)
 from h3director.plan.activations import DiTShape, dit_block_peak_bytes  # noqa: E402
 from h3director.plan.live_bytes import LiveBytesTracker  # noqa: E402
 
@@ -72,6 +78,8 @@ TIERS = {
 }
 SHAPE = DiTShape()            # the released widths
 WIDTHS = KernelWidths.of(SHAPE)
+QKV_LAYOUT = {"comfy": "fused", "diffusers": "separate"}
+"""How each framework's block projects q, k, v (ComfyUI's `qkv_proj`; diffusers' `to_q`, `to_k`, `to_v`)."""
 TIME_EMBED = 2688
 DTYPE = torch.bfloat16
 
@@ -178,7 +186,7 @@ def ledger_bytes(framework: str, rows: int, plan: DiTMemoryPlan) -> int:
 def measure(runner, rows: int, tiers: list[str], repeats: int = 1,
             product_reports: dict | None = None) -> list[dict]:
     """Each tier's peak, ledger, wall time and output against the stock tier's (the first), one dict per tier;
-    `product_reports[(rows, tier)]` (from `product_reports`) is merged into it."""
+    `product_reports[(framework, rows, tier)]` (from `product_reports`) is merged into it."""
     runner.prepare(rows)
     results, reference = [], None
     for name in tiers:
@@ -204,7 +212,7 @@ def measure(runner, rows: int, tiers: list[str], repeats: int = 1,
         ledger = ledger_bytes(runner.name, rows, plan)
         results.append({"framework": runner.name, "rows": rows, "tier": name, "describe": plan.describe(),
                         "peak_bytes": tracker.peak_bytes, "ledger_bytes": ledger, "wall_s": wall, "equal": equal,
-                        "max_abs_diff": max_diff, **(product_reports or {}).get((rows, name), {})})
+                        "max_abs_diff": max_diff, **(product_reports or {}).get((runner.name, rows, name), {})})
         print(f"  {runner.name} {rows} {name}: peak {tracker.peak_bytes / 2**20:.1f} MiB, ledger "
               f"{ledger / 2**20:.1f} MiB, {wall:.1f} s, equal={equal}"
               + ("" if equal else f" (max |diff| {max_diff:.3g})"), flush=True)
@@ -217,8 +225,10 @@ def verify_for_tiers(rows: int, tiers: list[str], cache_path: Path) -> dict | No
     """The product's kernel verification on this CPU at `rows` packed rows, bf16, the real widths, for the kernel
     properties the `tiers` rely on, at `verify-kernels`' default split counts, filed in the kernel cache
     `cache_path`. Returns the report as a dict (None when no tier relies on a property)."""
-    plans = [TIERS[name] for name in tiers]
-    properties = tuple(p for p in KERNEL_PROPERTIES if any(p in plan.relies_on for plan in plans))
+    needed = {p for name in tiers for p in TIERS[name].relies_on}
+    if QKV_COLUMN_GROUPS in needed:
+        needed.add(QKV_SEPARATE_COLUMN_GROUPS)  # diffusers' head groups split its separate q, k, v GEMMs
+    properties = tuple(p for p in KERNEL_PROPERTIES if p in needed)
     if not properties:
         return None
     start = time.perf_counter()
@@ -247,9 +257,10 @@ def short_report(text: str) -> str:
     return text.split(":")[0]
 
 
-def product_reports(rows: int, tiers: list[str], cache_path: Path) -> dict:
+def product_reports(rows: int, tiers: list[str], cache_path: Path, frameworks: list[str]) -> dict:
     """What the product says about each tier at `rows` packed rows, bf16, on this CPU, reading the kernel cache
-    `cache_path` through the DiT memory handle both adapters use: {(rows, tier): {"reported": the exactness
+    `cache_path` through the DiT memory handle both adapters use, for each framework's q, k, v layout
+    (`QKV_LAYOUT`): {(framework, rows, tier): {"reported": the exactness
     sentence of a "fixed" run, "exact_only": the tier an "exact only" run of the same settings runs (its
     `describe()`), "exact_only_notes": what that run keeps stock}}. The stock tier is the reference."""
 
@@ -257,21 +268,23 @@ def product_reports(rows: int, tiers: list[str], cache_path: Path) -> dict:
         return kernels.lookup(device, dtype, path=cache_path, widths=widths, rows=rows)
 
     reports = {}
-    for name in tiers:
-        plan = TIERS[name]
-        if plan.is_stock:
-            reports[(rows, name)] = {"reported": "stock (the reference)", "exact_only": plan.describe(),
-                                     "exact_only_notes": []}
-            continue
-        said = {}
-        for mode in ("fixed", "exact only"):
-            handle = memory_handle(plan.head_chunks, plan.ffn_chunks, plan.query_chunks, mode=mode,
-                                   heads=SHAPE.heads, blocks=1, widths=WIDTHS)
-            handle.verification = VerificationCache(reader)
-            said[mode] = handle.decide(rows, DTYPE, "cpu")
-        text = said["fixed"][1]["exactness_detail"].replace(str(cache_path), "temporary kernel cache of this run")
-        reports[(rows, name)] = {"reported": text, "exact_only": said["exact only"][0].describe(),
-                                 "exact_only_notes": said["exact only"][1]["kept_stock_unverified"]}
+    for framework in frameworks:
+        for name in tiers:
+            plan = TIERS[name]
+            if plan.is_stock:
+                reports[(framework, rows, name)] = {"reported": "stock (the reference)", "exact_only": plan.describe(),
+                                                    "exact_only_notes": []}
+                continue
+            said = {}
+            for mode in ("fixed", "exact only"):
+                handle = memory_handle(plan.head_chunks, plan.ffn_chunks, plan.query_chunks, mode=mode,
+                                       heads=SHAPE.heads, blocks=1, widths=WIDTHS)
+                handle.verification = VerificationCache(reader)
+                handle.qkv_layout = lambda framework=framework: QKV_LAYOUT[framework]
+                said[mode] = handle.decide(rows, DTYPE, "cpu")
+            text = said["fixed"][1]["exactness_detail"].replace(str(cache_path), "temporary kernel cache of this run")
+            reports[(framework, rows, name)] = {"reported": text, "exact_only": said["exact only"][0].describe(),
+                                                "exact_only_notes": said["exact only"][1]["kept_stock_unverified"]}
     return reports
 
 
@@ -347,7 +360,7 @@ def main(argv=None) -> int:
         cache_path = Path(scratch) / "kernels.json"
         for rows in args.rows:
             verification[str(rows)] = verify_for_tiers(rows, args.tiers, cache_path)
-            reports.update(product_reports(rows, args.tiers, cache_path))
+            reports.update(product_reports(rows, args.tiers, cache_path, args.framework))
     for framework in args.framework:
         runner = DiffusersRunner() if framework == "diffusers" else ComfyRunner()
         for rows in args.rows:

@@ -20,6 +20,7 @@ from h3director.errors import InvalidInputError  # noqa: E402
 from h3director.integrations.diffusers_dit import (  # noqa: E402
     H3DirectorAttnProcessor,
     apply_memory_plan,
+    qkv_layout,
     verified_kernel_properties,
 )
 from h3director.plan.live_bytes import LiveBytesTracker  # noqa: E402
@@ -429,3 +430,43 @@ def test_budget_and_auto_without_a_capacity_object_use_the_planner_ledgers():
         model(**inputs)
     handle.remove()
     assert unchanged(model)
+
+
+def _fused_width_noise(width: int):
+    """A GEMM that is off by 0.01 only when it has `width` output columns: the fused QKV GEMM's, not the separate
+    q, k, v GEMMs' (their calls have a third of them), so head groups differ on one layout only."""
+    def linear(x, weight):
+        return torch.nn.functional.linear(x, weight) + 1e-2 * (weight.shape[0] == width)
+    return linear
+
+
+def test_head_groups_are_verified_on_the_layout_the_model_projects_with(tmp_path, monkeypatch):
+    """diffusers projects q, k, v with three GEMMs unless fused: its head groups count as verified from the
+    separate-GEMM check, and from the fused one after `fuse_qkv_projections()` (ComfyUI's layout)."""
+    from h3director.dit.kernels import KernelWidths, verify_kernels
+    from h3director.dit.tiers import QKV_COLUMN_GROUPS, QKV_SEPARATE_COLUMN_GROUPS
+    from h3director.plan.activations import DiTShape
+
+    monkeypatch.setenv("H3_KERNEL_CACHE", str(tmp_path / "kernels.json"))
+    separate, fused = tiny_transformer(torch.float32), tiny_transformer(torch.float32)
+    fused.fuse_qkv_projections()
+    widths = KernelWidths.of(DiTShape.from_config(separate.config))
+    report = verify_kernels("cpu", "fp32", rows=ROWS, widths=widths, cache=True,
+                            linear=_fused_width_noise(3 * widths.inner))
+    assert QKV_COLUMN_GROUPS in report.failed and QKV_SEPARATE_COLUMN_GROUPS in report.verified
+    assert qkv_layout(separate) == "separate" and qkv_layout(fused) == "fused"
+    assert QKV_COLUMN_GROUPS in verified_kernel_properties(torch.device("cpu"), torch.float32, separate.config,
+                                                           rows=ROWS, layout="separate")
+    assert QKV_COLUMN_GROUPS not in verified_kernel_properties(torch.device("cpu"), torch.float32, separate.config,
+                                                               rows=ROWS, layout="fused")
+    inputs = packed_inputs(torch.float32)
+    reports = {}
+    for name, model in (("separate", separate), ("fused", fused)):
+        handle = apply_memory_plan(model, head_chunks=2)
+        run(model, inputs)
+        handle.remove()
+        reports[name] = handle.last_report
+    assert QKV_COLUMN_GROUPS not in reports["separate"]["unverified"]
+    assert QKV_COLUMN_GROUPS in reports["fused"]["unverified"]
+    assert "qkv_column_groups: " in reports["fused"]["exactness_detail"]
+    assert reports["fused"]["exactness_detail"].startswith("approximate")

@@ -26,6 +26,7 @@ from h3director.dit.tiers import (
     FFN_ROW_CHUNKS,
     KERNEL_PROPERTIES,
     QKV_COLUMN_GROUPS,
+    QKV_SEPARATE_COLUMN_GROUPS,
 )
 from h3director.errors import InvalidInputError
 
@@ -76,6 +77,10 @@ def test_cpu_report_runs_every_property_and_its_verdicts_follow_the_splits(dtype
     # every head-group count a tier can use (divisors of 4 above 1), uneven row chunks included
     qkv = [v.label for v in report.results[QKV_COLUMN_GROUPS].variants]
     assert qkv[:2] == ["2 head groups", "4 head groups"]
+    separate = report.results[QKV_SEPARATE_COLUMN_GROUPS]
+    assert [v.label for v in separate.variants][:2] == ["q, k, v each: 2 head groups", "q, k, v each: 4 head groups"]
+    assert separate.shapes["weight"] == [SMALL.heads * SMALL.head_dim, SMALL.hidden]
+    assert report.results[QKV_COLUMN_GROUPS].shapes["weight"] == [3 * SMALL.heads * SMALL.head_dim, SMALL.hidden]
     assert report.results[FFN_ROW_CHUNKS].shapes["fc1 weight"] == [2 * SMALL.ffn, SMALL.hidden]
     assert report.results[FFN_ROW_CHUNKS].shapes["fc2 weight"] == [SMALL.hidden, SMALL.ffn]
     assert report.key["dtype"] == dtype and report.key["torch"] == torch.__version__
@@ -86,8 +91,9 @@ def test_cpu_report_runs_every_property_and_its_verdicts_follow_the_splits(dtype
 
 
 @pytest.mark.parametrize("linear,attention,broken", [
-    (_rows_noise, None, {FFN_ROW_CHUNKS, QKV_COLUMN_GROUPS}),  # QKV's last variant also splits the rows
-    (_columns_noise, None, {QKV_COLUMN_GROUPS}),
+    # QKV's last variant also splits the rows
+    (_rows_noise, None, {FFN_ROW_CHUNKS, QKV_COLUMN_GROUPS, QKV_SEPARATE_COLUMN_GROUPS}),
+    (_columns_noise, None, {QKV_COLUMN_GROUPS, QKV_SEPARATE_COLUMN_GROUPS}),
     # the query-chunk check also runs inside one-head groups (as the ladder's query tiers do)
     (None, _heads_noise, {ATTENTION_HEAD_GROUPS, ATTENTION_QUERY_CHUNKS}),
     (None, _queries_noise, {ATTENTION_QUERY_CHUNKS}),
@@ -129,7 +135,8 @@ def test_cache_roundtrip_and_lookup(cache_file):
     assert verified_properties("cpu", "bf16") == set()
     # a failing property is filed as failed, replacing the earlier entry for the same key and widths
     verify_kernels("cpu", "bf16", rows=ROWS, widths=SMALL, linear=_columns_noise, cache=True)
-    assert verified_properties("cpu", "bf16", widths=SMALL) == set(report.verified) - {QKV_COLUMN_GROUPS}
+    assert verified_properties("cpu", "bf16", widths=SMALL) == set(report.verified) - {
+        QKV_COLUMN_GROUPS, QKV_SEPARATE_COLUMN_GROUPS}
     document = json.loads(cache_file.read_text())
     assert document["format"] == "h3director-kernels" and len(document["entries"]) == 1
     assert QKV_COLUMN_GROUPS in document["entries"][0]["failed"]

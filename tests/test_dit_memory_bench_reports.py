@@ -33,35 +33,43 @@ def verified(bench, tmp_path_factory):
     torch.set_num_threads(1)
     cache = tmp_path_factory.mktemp("kernels") / "kernels.json"
     found = bench.verify_for_tiers(ROWS, TIERS, cache)
-    return found, cache, bench.product_reports(ROWS, TIERS, cache)
+    return found, cache, bench.product_reports(ROWS, TIERS, cache, ["comfy", "diffusers"])
 
 
 def test_verification_covers_the_tiers_properties_at_the_default_counts(verified):
     found, cache, _ = verified
     assert found["rows"] == ROWS and cache.is_file()
-    assert set(found["results"]) == {"qkv_column_groups", "attention_head_groups", "ffn_row_chunks"}
-    counts = found["results"]["qkv_column_groups"]["counts"]
-    assert sorted(counts["passed"] + counts["failed"]) == [2, 4, 7, 8, 14, 28, 56]   # every divisor of 56 heads
+    assert set(found["results"]) == {"qkv_column_groups", "qkv_separate_column_groups", "attention_head_groups",
+                                     "ffn_row_chunks"}
+    for layout in ("qkv_column_groups", "qkv_separate_column_groups"):
+        counts = found["results"][layout]["counts"]
+        assert sorted(counts["passed"] + counts["failed"]) == [2, 4, 7, 8, 14, 28, 56]   # every divisor of 56 heads
     ffn = found["results"]["ffn_row_chunks"]["counts"]
     assert set(ffn["passed"] + ffn["failed"]) == set(range(2, 17)) | {28}            # the counts that fit 48 rows
 
 
-def test_each_tier_is_reported_as_the_verification_found_it(bench, verified):
+@pytest.mark.parametrize("framework", ["comfy", "diffusers"])
+def test_each_tier_is_reported_as_the_verification_found_it(bench, verified, framework):
+    """ComfyUI's head groups split its fused QKV GEMM, diffusers' its separate q, k, v GEMMs: each is reported from
+    the check of its own layout."""
     found, _, reports = verified
-    assert reports[(ROWS, "stock")]["reported"] == "stock (the reference)"
-    assert reports[(ROWS, "lifetime")]["reported"].startswith("exact (by construction")
+    assert reports[(framework, ROWS, "stock")]["reported"] == "stock (the reference)"
+    assert reports[(framework, ROWS, "lifetime")]["reported"].startswith("exact (by construction")
+    results = dict(found["results"])
+    separate = results.pop("qkv_separate_column_groups")
+    if framework == "diffusers":
+        results["qkv_column_groups"] = separate
     for tier in ("ffn8", "h4f8"):
         plan = bench.TIERS[tier]
-        said = reports[(ROWS, tier)]
-        passed = {name for name, result in found["results"].items()
-                  if plan.splits.get(name) in result["counts"]["passed"]}
+        said = reports[(framework, ROWS, tier)]
+        passed = {name for name, result in results.items() if plan.splits.get(name) in result["counts"]["passed"]}
         if set(plan.relies_on) <= passed:
             assert said["reported"].startswith("exact (verified: ") and "temporary kernel cache" in said["reported"]
             assert bench.short_report(said["reported"]) == "exact (verified)"
         else:
             assert said["reported"].startswith("approximate: max difference ")
             failed = sorted(name for name in plan.relies_on
-                            if plan.splits[name] in found["results"][name]["counts"]["failed"])
+                            if plan.splits[name] in results[name]["counts"]["failed"])
             assert bench.short_report(said["reported"]).endswith(f"({', '.join(failed)})")
         assert said["exact_only"] == keep_verified(plan, passed)[0].describe()
     assert "ffn56" in bench.TIERS and bench.TIERS["ffn56"].ffn_chunks == 56

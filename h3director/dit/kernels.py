@@ -13,6 +13,8 @@ with `torch.equal`, on random inputs (fixed seed) at H3's real layer widths (`H3
 - `QKV_COLUMN_GROUPS`: the fused QKV GEMM (hidden -> 3 x heads x head_dim) over all output columns vs
   one GEMM per head group and per q/k/v over that group's weight rows (every head-group count a tier
   can use: the divisors of `heads`), plus one variant that also splits the rows;
+- `QKV_SEPARATE_COLUMN_GROUPS`: the same for one of three separate GEMMs (hidden -> heads x head_dim), the
+  layout diffusers projects q, k, v in unless fused (a plan reads it through `lookup_for_layout`);
 - `ATTENTION_HEAD_GROUPS`: `scaled_dot_product_attention` over all heads vs per head group;
 - `ATTENTION_QUERY_CHUNKS`: attention over all query rows vs per block of query rows aligned to
   `QUERY_ALIGN`, over all heads and inside one-head groups (the ladder's query tiers use those).
@@ -35,7 +37,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -49,9 +51,11 @@ from h3director.dit.tiers import (
     FFN_ROW_CHUNKS,
     KERNEL_PROPERTIES,
     QKV_COLUMN_GROUPS,
+    QKV_SEPARATE_COLUMN_GROUPS,
     QUERY_ALIGN,
     Verified,
     escalation_ladder,
+    for_qkv_layout,
 )
 from h3director.errors import InvalidInputError
 
@@ -407,14 +411,16 @@ def check_ffn_row_chunks(inputs: _Inputs, rows: int, widths: KernelWidths, row_c
 
 
 def check_qkv_column_groups(inputs: _Inputs, rows: int, widths: KernelWidths, head_groups: tuple[int, ...],
-                            linear: Linear) -> tuple[list[VariantResult], dict[str, list[int]]]:
-    """The fused QKV GEMM over all 3 x inner output columns vs, per head group, one GEMM each for the
-    group's q, k and v weight rows, written into the matching output columns. The last variant also
-    splits the rows in 3 (the largest head-group count)."""
+                            linear: Linear, parts: int = 3) -> tuple[list[VariantResult], dict[str, list[int]]]:
+    """The q, k, v projection over all its output columns vs, per head group, one GEMM over the group's weight
+    rows of each part, written into the matching output columns. `parts`: 3 for the fused QKV GEMM (hidden ->
+    3 x inner, `QKV_COLUMN_GROUPS`), 1 for one of the separate q, k, v GEMMs (hidden -> inner, all three the same
+    shape: `QKV_SEPARATE_COLUMN_GROUPS`). The last variant also splits the rows in 3 (the largest head-group
+    count)."""
     torch = inputs.torch
     inner, d = widths.inner, widths.head_dim
     x = inputs.normal(rows, widths.hidden)
-    weight = inputs.normal(3 * inner, widths.hidden, scale=widths.hidden ** -0.5)
+    weight = inputs.normal(parts * inner, widths.hidden, scale=widths.hidden ** -0.5)
     reference = linear(x, weight)
     out = torch.empty_like(reference)
     variants = []
@@ -424,13 +430,14 @@ def check_qkv_column_groups(inputs: _Inputs, rows: int, widths: KernelWidths, he
     for groups, row_chunks in plans:
         calls = 0
         for h0, h1 in head_ranges(widths.heads, groups):
-            for part in range(3):
+            for part in range(parts):
                 c0, c1 = part * inner + h0 * d, part * inner + h1 * d
                 calls += _row_chunked(linear, x, weight[c0:c1], row_chunks, out[:, c0:c1])
-        label = f"{groups} head groups" + (f" x {row_chunks} row chunks" if row_chunks > 1 else "")
+        label = ("" if parts == 3 else "q, k, v each: ") + f"{groups} head groups" + (
+            f" x {row_chunks} row chunks" if row_chunks > 1 else "")
         # the row-split variant is no tier's split (tiers project every row at once): it names no count
         variants.append(_compare(label, reference, out, calls, groups if row_chunks == 1 else None))
-    return variants, {"x": [rows, widths.hidden], "weight": [3 * inner, widths.hidden]}
+    return variants, {"x": [rows, widths.hidden], "weight": [parts * inner, widths.hidden]}
 
 
 def _attention_inputs(inputs: _Inputs, rows: int, widths: KernelWidths):
@@ -542,6 +549,7 @@ def verify_kernels(device: Any = None, dtype: Any = "bf16", rows: int | None = N
     checks = {
         FFN_ROW_CHUNKS: lambda i: check_ffn_row_chunks(i, rows, widths, row_chunks, linear),
         QKV_COLUMN_GROUPS: lambda i: check_qkv_column_groups(i, rows, widths, head_groups, linear),
+        QKV_SEPARATE_COLUMN_GROUPS: lambda i: check_qkv_column_groups(i, rows, widths, head_groups, linear, parts=1),
         ATTENTION_HEAD_GROUPS: lambda i: check_attention_head_groups(i, rows, widths, head_groups, attention),
         ATTENTION_QUERY_CHUNKS: lambda i: check_attention_query_chunks(i, rows, widths, query_chunks, attention),
     }
@@ -687,6 +695,27 @@ def lookup_for_model(device: Any, dtype: Any, widths: KernelWidths | None = None
         return None
 
 
+def lookup_for_layout(found: CacheLookup | None, layout: str) -> CacheLookup | None:
+    """`found` as a model whose q, k, v projection has `layout` (`tiers.QKV_LAYOUTS`) reads it: on a "separate"
+    model, `QKV_COLUMN_GROUPS` (what a plan relies on) is verified, measured and reported from the entry's
+    `QKV_SEPARATE_COLUMN_GROUPS` check (an entry without one leaves it unverified); "fused" returns `found`."""
+    verified = for_qkv_layout(found.verified if found is not None else (), layout)
+    if found is None or layout == "fused":
+        return found
+    entry = found.entry
+    if entry is not None:
+        def as_read(names: list[str]) -> list[str]:
+            return sorted({QKV_COLUMN_GROUPS if n == QKV_SEPARATE_COLUMN_GROUPS else n
+                           for n in names if n != QKV_COLUMN_GROUPS})
+
+        results = {n: r for n, r in (entry.get("results") or {}).items() if n != QKV_COLUMN_GROUPS}
+        if QKV_SEPARATE_COLUMN_GROUPS in results:
+            results[QKV_COLUMN_GROUPS] = results.pop(QKV_SEPARATE_COLUMN_GROUPS)
+        entry = {**entry, "results": results, "verified": as_read(entry["verified"]),
+                 "failed": as_read(entry["failed"])}
+    return replace(found, verified=verified, entry=entry)
+
+
 def exactness_text(relies_on: tuple[str, ...] | list[str], found: CacheLookup | None,
                    splits: dict[str, int] | None = None) -> str:
     """The sentence a run report carries about a tier relying on ``relies_on`` (kernel properties):
@@ -751,5 +780,5 @@ def exactness_text(relies_on: tuple[str, ...] | list[str], found: CacheLookup | 
 
 
 __all__ = ["H3_WIDTHS", "CacheLookup", "KernelReport", "KernelWidths", "PropertyResult", "VariantResult",
-           "entry_verified", "exactness_text", "ladder_counts", "lookup", "lookup_for_model", "verified_properties",
-           "verify_kernels"]
+           "entry_verified", "exactness_text", "ladder_counts", "lookup", "lookup_for_layout", "lookup_for_model",
+           "verified_properties", "verify_kernels"]

@@ -106,6 +106,8 @@ class DiTMemoryHandle:
       measured_peak_bytes and calibration on CUDA);
     - `quantised`: one line per quantised linear of the blocks, what the tiers do with it (chunked, or kept
       stock with the reason; the adapter fills it: ComfyUI's `comfy_quant.block_decisions`);
+    - `qkv_layout`: returns how the model projects q, k and v now (`tiers.QKV_LAYOUTS`; None: "fused", ComfyUI's
+      `qkv_proj`): the verification is read for that layout (`kernels.lookup_for_layout`);
     - `foreign_at_install`: other packs' patches the adapter found at install (ComfyUI); `notify`: called with
       the text when a forward finds other packs' patches changed (the ComfyUI node shows it);
     - `reports`: forwards recorded; `block_calls`: blocks run under a tier (ComfyUI); `remove()`: uninstall
@@ -130,10 +132,17 @@ class DiTMemoryHandle:
     uninstall: Callable[[], None] | None = field(default=None, repr=False)
     foreign_at_install: list = field(default_factory=list)
     notify: Callable[[str], None] | None = field(default=None, repr=False)
+    qkv_layout: Callable[[], str] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.plan is None:
             self.plan = self.floor
+
+    def lookup(self, device: Any, dtype: Any, rows: int | None = None) -> CacheLookup | None:
+        """The verification for a forward of `rows` packed rows (None: any row class, for display) at `dtype` on
+        `device`, read for the model's q, k, v layout."""
+        found = self.verification.lookup(device, dtype, self.widths, rows)
+        return kernels.lookup_for_layout(found, self.qkv_layout() if self.qkv_layout is not None else "fused")
 
     # -- each forward --------------------------------------------------------------------------------
     def decide(self, rows: int | None, dtype: Any, device: Any) -> tuple[DiTMemoryPlan, dict]:
@@ -144,7 +153,7 @@ class DiTMemoryHandle:
         class (`tiers.keep_verified`); with a capacity check, `capacity.choose` picks from it. Raises
         `InvalidInputError` (a floor that does not fit, no rows for a capacity check) or `BudgetError`
         (no allowed tier fits)."""
-        found = self.verification.lookup(device, dtype, self.widths, rows) if rows is not None else None
+        found = self.lookup(device, dtype, rows) if rows is not None else None
         verified = found.verified if found is not None else Verified()
         report: dict[str, Any] = {"rows": rows, "mode": self.mode, "device": str(device)}
         self.floor.check_fits(self.heads, rows)
@@ -211,7 +220,7 @@ class DiTMemoryHandle:
         """The DiT Memory node's text: settings, exactness class, and what `verify-kernels` has cached for
         `device` and `dtype` (any row class; which parts run exact is decided per forward, for its row class)."""
         floor = self.floor
-        found = self.verification.lookup(device, dtype, self.widths)
+        found = self.lookup(device, dtype)
         lines = [f"H3Director DiT Memory on {self.blocks} blocks ({self.heads} heads), mode {self.mode}",
                  f"settings: {floor.describe()} ({floor.exactness.value})",
                  "budget: " + (f"{self.budget_bytes / GiB:.2f} GiB" if self.budget_bytes else "the device's")]

@@ -42,10 +42,18 @@ class Exactness(str, Enum):
 
 # Kernel properties a chunked tier relies on; `h3director.dit.kernels` checks each by name.
 QKV_COLUMN_GROUPS = "qkv_column_groups"
+"""Head groups of the q, k, v projection. A plan names this one property whatever the layout; it is checked on the
+fused QKV GEMM (ComfyUI's `qkv_proj`, diffusers after `fuse_qkv_projections`)."""
+QKV_SEPARATE_COLUMN_GROUPS = "qkv_separate_column_groups"
+"""The same on one GEMM per q, k and v (diffusers' `to_q`, `to_k`, `to_v`): what stands for `QKV_COLUMN_GROUPS`
+where the model projects them separately (`for_qkv_layout`)."""
 ATTENTION_HEAD_GROUPS = "attention_head_groups"
 ATTENTION_QUERY_CHUNKS = "attention_query_chunks"
 FFN_ROW_CHUNKS = "ffn_row_chunks"
-KERNEL_PROPERTIES = (QKV_COLUMN_GROUPS, ATTENTION_HEAD_GROUPS, ATTENTION_QUERY_CHUNKS, FFN_ROW_CHUNKS)
+KERNEL_PROPERTIES = (QKV_COLUMN_GROUPS, QKV_SEPARATE_COLUMN_GROUPS, ATTENTION_HEAD_GROUPS, ATTENTION_QUERY_CHUNKS,
+                     FFN_ROW_CHUNKS)
+QKV_LAYOUTS = ("fused", "separate")
+"""How a model projects q, k and v: one fused GEMM, or one GEMM each."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +198,24 @@ class Verified(frozenset):
         return made
 
 
+def for_qkv_layout(verified, layout: str) -> Verified:
+    """`verified` (names, or a `Verified` with split counts) as a plan reads it on a model whose q, k, v projection
+    has `layout` (one of `QKV_LAYOUTS`): for "separate", `QKV_COLUMN_GROUPS` holds where
+    `QKV_SEPARATE_COLUMN_GROUPS` was verified, at its counts; for "fused", as verified."""
+    if layout not in QKV_LAYOUTS:
+        raise InvalidInputError(f"unknown q, k, v layout {layout!r}: expected one of {list(QKV_LAYOUTS)}")
+    names = set(verified)
+    counts = dict(getattr(verified, "counts", {}))
+    if layout == "separate":
+        names.discard(QKV_COLUMN_GROUPS)
+        counts.pop(QKV_COLUMN_GROUPS, None)
+        if QKV_SEPARATE_COLUMN_GROUPS in names:
+            names.add(QKV_COLUMN_GROUPS)
+            if QKV_SEPARATE_COLUMN_GROUPS in counts:
+                counts[QKV_COLUMN_GROUPS] = counts[QKV_SEPARATE_COLUMN_GROUPS]
+    return Verified(names, counts)
+
+
 def verified_parts(plan: DiTMemoryPlan, verified) -> set[str]:
     """The kernel properties `plan` relies on that `verified` (names, or a `Verified` with split counts) covers
     at the plan's own split counts (`plan.splits`)."""
@@ -225,5 +251,6 @@ def keep_verified(plan: DiTMemoryPlan, verified: set[str] | frozenset[str]) -> t
 
 
 __all__ = ["ATTENTION_HEAD_GROUPS", "ATTENTION_QUERY_CHUNKS", "FFN_ROW_CHUNKS", "KERNEL_PROPERTIES",
-           "LIFETIME_ONLY", "QKV_COLUMN_GROUPS", "QUERY_ALIGN", "STOCK", "DiTMemoryPlan", "Exactness", "Verified",
-           "escalation_ladder", "is_verified", "keep_verified", "verified_parts"]
+           "LIFETIME_ONLY", "QKV_COLUMN_GROUPS", "QKV_LAYOUTS", "QKV_SEPARATE_COLUMN_GROUPS", "QUERY_ALIGN", "STOCK",
+           "DiTMemoryPlan", "Exactness", "Verified", "escalation_ladder", "for_qkv_layout", "is_verified",
+           "keep_verified", "verified_parts"]

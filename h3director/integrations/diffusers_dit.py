@@ -40,7 +40,8 @@ the ComfyUI node uses too), asked from a forward pre-hook with `rows` = the pack
 interface; without `capacity=`, one built from the planner's diffusers ledgers at the model's own widths,
 on the model's device, with `budget_bytes`) with the given chunk counts as the floor; `"exact only"` passes
 the kernel properties verified for this device, dtype, thread count and row class (the handle's
-`VerificationCache`, none when nothing is cached, which leaves only tiers exact by construction) and first
+`VerificationCache`, none when nothing is cached, which leaves only tiers exact by construction; head groups
+are read from the check of the model's own q, k, v layout, `qkv_layout`: separate GEMMs unless fused) and first
 drops every floor technique not verified for the forward's row class (`h3director.dit.tiers.keep_verified`:
 that part runs the stock op, and the report says so). This module only runs the tier and reports it.
 
@@ -399,18 +400,27 @@ def _widths(config: Any | None) -> KernelWidths | None:
     return None if config is None else KernelWidths.of(DiTShape.from_config(config))
 
 
-def verified_kernel_properties(device: torch.device, dtype: torch.dtype,
-                               config: Any | None = None, rows: int | None = None) -> frozenset[str]:
+def qkv_layout(transformer: MiniMaxH3Transformer3DModel) -> str:
+    """How `transformer` projects q, k and v now (`h3director.dit.tiers.QKV_LAYOUTS`): "fused" after
+    `fuse_qkv_projections()` (every block's `to_qkv`), "separate" otherwise (`to_q`, `to_k`, `to_v`; also when only
+    some blocks were fused by hand: then the separate GEMMs are what runs in at least one block)."""
+    fused = {bool(getattr(block.attn, "fused_projections", False)) for block in transformer.transformer_blocks}
+    return "fused" if fused == {True} else "separate"
+
+
+def verified_kernel_properties(device: torch.device, dtype: torch.dtype, config: Any | None = None,
+                               rows: int | None = None, layout: str = "separate") -> frozenset[str]:
     """Kernel properties (`h3director.dit.tiers` names) that `verify-kernels` verified on `device` for
     `dtype`, at the widths of `config` (a `MiniMaxH3Transformer3DModel.config`; H3's real widths when None),
-    for the row class of `rows` (None: any), from `h3director.dit.kernels`' cache (`lookup_for_model`:
+    for the row class of `rows` (None: any), read for the q, k, v `layout` (`qkv_layout(transformer)`; diffusers
+    projects them separately unless fused), from `h3director.dit.kernels`' cache (`lookup_for_model`:
     empty when nothing is verified, then only tiers exact by construction count as verified), with the split
     counts each passed at (`h3director.dit.tiers.Verified`: pass it on as is to `capacity.choose`)."""
     from h3director.dit import kernels
-    from h3director.dit.tiers import Verified
+    from h3director.dit.tiers import Verified, for_qkv_layout
 
     found = kernels.lookup_for_model(device, dtype, widths=_widths(config), rows=rows)
-    return found.verified if found is not None else Verified()
+    return for_qkv_layout(found.verified if found is not None else Verified(), layout)
 
 
 def default_capacity(transformer: MiniMaxH3Transformer3DModel,
@@ -484,6 +494,7 @@ def apply_memory_plan(transformer: MiniMaxH3Transformer3DModel, head_chunks: int
     _check_blocks(transformer, handle.floor)
     if capacity is None and (mode != "fixed" or budget_bytes is not None):
         handle.capacity, handle.own_capacity = default_capacity(transformer, budget_bytes), True
+    handle.qkv_layout = lambda: qkv_layout(transformer)
     installation = _Installation(transformer, handle)
     handle.uninstall = installation.remove
     installation.install()
@@ -491,4 +502,4 @@ def apply_memory_plan(transformer: MiniMaxH3Transformer3DModel, head_chunks: int
 
 
 __all__ = ["DiTMemoryHandle", "H3DirectorAttnProcessor", "apply_memory_plan", "default_capacity",
-           "verified_kernel_properties"]
+           "qkv_layout", "verified_kernel_properties"]
