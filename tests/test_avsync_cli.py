@@ -124,6 +124,28 @@ def test_fix_then_early_audio_pads_silence_in_front(capsys, tmp_path):
     assert abs(_measure(capsys, out)["offset_ms"]) <= 10.0
 
 
+def test_fix_states_the_exact_sound_length(capsys, tmp_path):
+    """A source with exactly 192,000 samples (16-bit PCM): the fix's re-encoded sound pads its last AAC frame (187.5
+    frames of 1,024); Matroska signals the padding and FFmpeg's decoder drops it; MP4 states the exact length and
+    FFmpeg returns the padding besides, which the report names."""
+    frames, samples = synthetic_tracks("flash", 125.0, 6.0, FPS, RATE, SIZE, 5)
+    source = write_clip(tmp_path / "late.mkv", frames, samples, FPS, RATE, container_format="matroska",
+                        audio_codec="pcm_s16le")
+    assert _decoded(source, "audio") == 192_000
+    reports, decoded, stated = {}, {}, {}
+    for suffix in (".mkv", ".mp4"):
+        out = tmp_path / f"fixed{suffix}"
+        assert main(["avsync", "fix", str(source), "--offset", "125", "--out", str(out), "--json"]) == 0
+        reports[suffix] = json.loads(capsys.readouterr().out)
+        decoded[suffix] = _decoded(out, "audio")
+        with av.open(str(out)) as container:
+            stream = container.streams.audio[0]
+            stated[suffix] = stream.duration * stream.time_base * RATE if stream.duration else None
+    padding = reports[".mp4"]["audio_end_padding"]
+    assert padding == 512 and reports[".mkv"]["audio_end_padding"] == padding
+    assert decoded[".mkv"] == stated[".mp4"] == decoded[".mp4"] - padding == 192_000
+
+
 def test_no_events_measure_says_so_and_auto_fix_refuses(capsys, tmp_path):
     source = write_synthetic_clip(tmp_path / "still.mp4", "none", 0.0, seconds=3.0, fps=FPS, sample_rate=RATE,
                                   size=SIZE)

@@ -308,6 +308,28 @@ def test_video_sink_writes_h264_with_aac_audio(tmp_path):
     assert error.mean() < 3.0
 
 
+@pytest.mark.parametrize("suffix", [".mkv", ".mp4"])
+def test_video_sink_states_the_exact_sound_length(tmp_path, suffix):
+    """16,001 samples at 32 kHz: not whole AAC frames (the encoder pads the last to 1,024) and not whole milliseconds
+    (an MP4 edit list at FFmpeg's default 1,000 ticks a second would round it). Matroska: FFmpeg's decoder returns
+    exactly the sound; MP4: the stream states it exactly and the decoder returns the signalled padding besides."""
+    spec = _spec(frames=4, height=48, width=64)
+    sink = VideoFileSink(tmp_path / f"out{suffix}", preset="ultrafast")
+    sink.begin(spec)
+    sink.write_audio(torch.zeros(1, 2, 16_001), 32_000)
+    sink.write(0, _smooth_video(spec))
+    path = sink.finish()
+    assert 0 < sink.audio_end_padding < 1024
+    with av.open(str(path)) as container:
+        stream = container.streams.audio[0]
+        decoded = sum(frame.samples for frame in container.decode(stream))
+        stated = stream.duration * stream.time_base * 32_000 if stream.duration else None
+    if suffix == ".mkv":
+        assert decoded == 16_001
+    else:
+        assert stated == 16_001 and decoded == 16_001 + sink.audio_end_padding
+
+
 def test_video_sink_refuses_odd_sizes_and_late_audio(tmp_path):
     with pytest.raises(InvalidInputError, match="even width and height, got 25x16"):
         VideoFileSink(tmp_path / "a.mp4").begin(_spec(width=25))

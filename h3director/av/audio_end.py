@@ -30,6 +30,25 @@ def movie_timescale(sample_rate: int, fps: Fraction) -> int:
     return scale if scale < 2**31 else int(sample_rate)
 
 
+def exact_length_options(container_format: str, sample_rate: int, fps) -> dict[str, str]:
+    """Muxer options for a file of `container_format` (FFmpeg's name) with sound at `sample_rate` (Hz) beside video at
+    `fps` (frames per second, a Fraction or a float read from a file: limited to denominators up to 1001): MP4 and
+    MOV get the `movie_timescale` that states both tracks' lengths exactly (at FFmpeg's default of 1,000 ticks a
+    second the edit list rounds the sound to whole milliseconds); Matroska needs none (`mark_end_padding` carries
+    the end)."""
+    if container_format in TRIMS_END_IN_DECODER:
+        return {}
+    return {"movie_timescale": str(movie_timescale(sample_rate, Fraction(fps).limit_denominator(1001)))}
+
+
+def flush_encoder(stream) -> tuple[list, int]:
+    """Drain an audio output `stream`'s encoder (``stream.encode(None)``), its last packet's end padding marked
+    (`mark_end_padding`). Returns (the packets, to mux; the padding in samples)."""
+    packets = stream.encode(None)
+    context = stream.codec_context
+    return packets, mark_end_padding(packets, context.frame_size, context.sample_rate)
+
+
 def mark_end_padding(packets, frame_size: int, sample_rate: int) -> int:
     """Mark the end padding of the last of `packets` (the encoder's flush output, in order) and return it in samples.
 
@@ -54,4 +73,4 @@ def mark_end_padding(packets, frame_size: int, sample_rate: int) -> int:
     return padding
 
 
-__all__ = ["TRIMS_END_IN_DECODER", "mark_end_padding", "movie_timescale"]
+__all__ = ["TRIMS_END_IN_DECODER", "exact_length_options", "flush_encoder", "mark_end_padding", "movie_timescale"]

@@ -8,7 +8,10 @@ and stream: nothing holds more than one decoded audio frame plus the shift, or o
   the sound is decoded, shifted and re-encoded (AAC; the shift is sample-exact, the re-encode is
   lossy like any AAC encode). Audio late: the first samples are dropped and silence is appended at
   the end; audio early: silence is put in front and the last samples are dropped. The sample count
-  is unchanged.
+  is unchanged, and the file says so: the encoder's end padding is signalled as `stitch` does
+  (`h3director.av.audio_end`: Matroska's DiscardPadding, which FFmpeg's decoder drops; MP4 / MOV's edit
+  list in a movie timescale of whole samples, which FFmpeg's decoder does not apply to the end:
+  `ShiftReport.audio_end_padding` samples more).
 * `shift_video_file`: the picture moves by ``round(offset_ms * fps / 1000)`` frames, later when the
   audio is late: the first frame repeats at the start and the last frames are dropped (audio early:
   the first frames are dropped and the last frame repeats). Re-encoded with libx264; the sound's
@@ -31,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from h3director.av.audio_end import exact_length_options, flush_encoder
 from h3director.av.media import MediaInfo, frame_samples, probe
 from h3director.av.open_file import import_av, open_input
 from h3director.core.atomic_file import check_output_path, commit, remove_quietly, temporary_path
@@ -52,11 +56,12 @@ class ShiftReport:
     frames: int = 0    # picture moved by this many frames (negative: earlier)
     sample_rate: int = 0
     fps: float = 0.0
+    audio_end_padding: int = 0  # samples of the re-encoded sound's last AAC frame beyond its end (signalled)
 
     def to_dict(self) -> dict:
         return {"out": str(self.path), "offset_ms": round(self.offset_ms, 3), "mode": self.mode,
                 "samples": self.samples, "frames": self.frames, "sample_rate": self.sample_rate,
-                "fps": round(self.fps, 6)}
+                "fps": round(self.fps, 6), "audio_end_padding": self.audio_end_padding}
 
 
 @contextlib.contextmanager
@@ -118,8 +123,10 @@ def shift_audio_file(source: str | os.PathLike, out: str | os.PathLike, offset_m
         raise InvalidInputError(
             f"offset {offset_ms:g} ms moves the sound by {abs(shift)} samples, beyond the clip's {total} "
             f"({info.audio_seconds:.3f} s)")
+    fmt = OUTPUT_FORMATS[final.suffix.lower()]
     with _rewriting(source, final) as temporary, open_input(source) as video_in, open_input(source) as audio_in, \
-            av.open(str(temporary), mode="w", format=OUTPUT_FORMATS[final.suffix.lower()]) as output:
+            av.open(str(temporary), mode="w", format=fmt,
+                    options=exact_length_options(fmt, info.sample_rate, info.fps)) as output:
         video_stream = video_in.streams.video[0]
         video_out = output.add_stream_from_template(video_stream)
         audio_out = output.add_stream("aac", rate=info.sample_rate, layout=AUDIO_LAYOUTS[info.channels])
@@ -143,8 +150,10 @@ def shift_audio_file(source: str | os.PathLike, out: str | os.PathLike, offset_m
             packet.stream = video_out
             output.mux(packet)
         write_sound_until(None)
-        output.mux(audio_out.encode(None))
-    return ShiftReport(final, offset_ms, "audio", samples=shift, sample_rate=info.sample_rate, fps=info.fps)
+        packets, padding = flush_encoder(audio_out)
+        output.mux(packets)
+    return ShiftReport(final, offset_ms, "audio", samples=shift, sample_rate=info.sample_rate, fps=info.fps,
+                       audio_end_padding=padding)
 
 
 def with_dts(packets, fps: float):

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from h3director.av.audio_end import TRIMS_END_IN_DECODER, mark_end_padding, movie_timescale
+from h3director.av.audio_end import TRIMS_END_IN_DECODER, exact_length_options, flush_encoder
 from h3director.av.open_file import import_av, open_input
 from h3director.av.segment_audio import SampleReader, count_samples
 from h3director.av.timeline import Timeline, check_chain, fade_gains, sample_at, video_weight
@@ -252,8 +252,7 @@ class _AudioOut:
 
     def flush(self) -> int:
         """Drain the encoder, marking the last packet's end padding (`audio_end.mark_end_padding`); returns it."""
-        packets = self.stream.encode(None)
-        padding = mark_end_padding(packets, self.stream.codec_context.frame_size, self.rate)
+        packets, padding = flush_encoder(self.stream)
         self.mux(packets)
         return padding
 
@@ -345,8 +344,7 @@ def stitch_files(paths: Sequence[str | os.PathLike], out: str | os.PathLike, ove
     temp = temporary_path(final, "partial")
     remove_quietly(temp)
     fmt = CONTAINERS[final.suffix.lower()]
-    muxer = {} if fmt == "matroska" else {"movie_timescale": str(movie_timescale(first.rate, first.fps))}
-    container = av.open(str(temp), mode="w", format=fmt, options=muxer)
+    container = av.open(str(temp), mode="w", format=fmt, options=exact_length_options(fmt, first.rate, first.fps))
     audio_out = None
     try:
         video = container.add_stream(encoder, rate=first.fps, options=options)

@@ -1,6 +1,8 @@
 """A video-file sink: frames are encoded with PyAV (FFmpeg) as they arrive, audio muxed alongside.
 
-H.264 (libx264), yuv420p, constant-quality CRF; audio (when given) is encoded as AAC. The file is
+H.264 (libx264), yuv420p, constant-quality CRF; audio (when given) is encoded as AAC, its length stated exactly
+(`h3director.av.audio_end`: the last frame's end padding signalled, an MP4 / MOV movie timescale of whole
+samples; `audio_end_padding` says how many samples FFmpeg's own decoder still returns past the end of an MP4). The file is
 written under a hidden temporary name in the destination folder and renamed over the final name in
 `finish()`, so an existing file is replaced only by a complete one and `abort()` leaves nothing.
 """
@@ -14,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from h3director.av.audio_end import exact_length_options, flush_encoder
 from h3director.av.open_file import import_av
 from h3director.core.atomic_file import check_output_path, commit, remove_quietly, temporary_path
 from h3director.errors import InvalidInputError
@@ -72,10 +75,14 @@ class VideoFileSink(OrderedSink):
         self._buffers = None
         self.temp_path = temporary_path(self.path, "partial")
         self._container = None
+        self._format, self._fps = None, None
         self._video = None
         self._audio = None
         self._muxed = False
         self._audio_written = False
+        self.audio_end_padding = 0
+        """Samples of the last AAC frame beyond the sound (signalled: Matroska decoders drop them; FFmpeg returns
+        them from an MP4 / MOV, whose edit list states the exact length)."""
 
     def bytes_needed(self, spec: StreamSpec) -> int:
         pixels = spec.height * spec.width
@@ -97,9 +104,9 @@ class VideoFileSink(OrderedSink):
         fps = Fraction(self.fps if self.fps is not None else spec.fps).limit_denominator(1001)
         if fps <= 0:
             raise InvalidInputError(f"VideoFileSink: fps must be > 0, got {float(fps)}")
-        container_format = CONTAINER_FORMATS[self.path.suffix.lower()]
+        self._format, self._fps = CONTAINER_FORMATS[self.path.suffix.lower()], fps
         remove_quietly(self.temp_path)
-        self._container = av.open(str(self.temp_path), mode="w", format=container_format)
+        self._container = av.open(str(self.temp_path), mode="w", format=self._format)
         try:
             options = {"crf": str(self.crf), "preset": self.preset}
             if self.lookahead is not None:
@@ -116,6 +123,8 @@ class VideoFileSink(OrderedSink):
         self._audio_written = False
 
     def _add_audio_stream(self, sample_rate: int, channels: int) -> None:
+        """Add the audio stream (before anything is muxed: the muxer reads its options when it writes the header)."""
+        self._container.options.update(exact_length_options(self._format, int(sample_rate), self._fps))
         self._audio = self._container.add_stream(self.audio_codec, rate=int(sample_rate),
                                                  layout=AUDIO_LAYOUTS[channels])
 
@@ -164,7 +173,8 @@ class VideoFileSink(OrderedSink):
         frame = av.AudioFrame.from_ndarray(planar, format="fltp", layout=AUDIO_LAYOUTS[channels])
         frame.sample_rate, frame.pts = int(sample_rate), 0
         self._mux(self._audio.encode(frame))
-        self._mux(self._audio.encode(None))
+        packets, self.audio_end_padding = flush_encoder(self._audio)
+        self._mux(packets)
         self._audio_written = True
 
     def _store(self, start: int, frames: torch.Tensor) -> None:
