@@ -13,8 +13,14 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
-from comfy_harness.server import HARNESS, comfyui_server, prepare_base, submit, write_tiny_dit_checkpoint
+from comfy_harness.server import (
+    HARNESS,
+    assert_latents_equal_stock,
+    comfyui_server,
+    prepare_base,
+    submit,
+    write_tiny_dit_checkpoint,
+)
 from comfy_harness.vendored import real_comfyui_marks
 
 pytestmark = real_comfyui_marks()
@@ -50,18 +56,9 @@ def _workflow(all_blocks: int, one_block: int = 1) -> dict:
 
 
 def test_sampling_with_blocks_offloaded_equals_stock_bit_for_bit(comfy):
-    import safetensors.torch
-
     entry = submit(comfy, _workflow(all_blocks=2), client_id="h3-swap-test")
     assert entry["status"]["status_str"] == "success", json.dumps(entry["status"])[:4000]
-    folder = comfy["base"] / "output" / "tensors"
-    stock = safetensors.torch.load_file(str(folder / "stock.safetensors"))
-    for name in ("swap_all", "swap_one_dit"):
-        ours = safetensors.torch.load_file(str(folder / f"{name}.safetensors"))
-        assert sorted(stock) == sorted(ours) == ["stream0", "stream1"]
-        for key in stock:
-            assert torch.isfinite(stock[key]).all()
-            assert torch.equal(stock[key], ours[key]), (name, key)
+    assert_latents_equal_stock(comfy["base"], ("swap_all", "swap_one_dit"))
     report = entry["outputs"]["2"]["text"][0]
     assert "2 of 2 DiT blocks offloaded" in report and "exact by construction" in report
     log = comfy["log"].read_text()

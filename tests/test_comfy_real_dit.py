@@ -30,7 +30,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from comfy_harness.server import HARNESS, comfyui_server, prepare_base, submit, write_tiny_dit_checkpoint
+from comfy_harness.server import (
+    HARNESS,
+    assert_latents_equal_stock,
+    comfyui_server,
+    prepare_base,
+    submit,
+    write_tiny_dit_checkpoint,
+)
 from comfy_harness.server import http_get as _get
 from comfy_harness.vendored import real_comfyui_marks
 
@@ -78,17 +85,9 @@ def test_node_is_listed(comfy):
 
 
 def test_sampling_through_the_node_equals_stock_bit_for_bit(comfy):
-    import safetensors.torch
-
     entry = _submit(comfy, _workflow(head_chunks=2, ffn_chunks=3))
     assert entry["status"]["status_str"] == "success", json.dumps(entry["status"])[:4000]
-    folder = comfy["base"] / "output" / "tensors"
-    stock = safetensors.torch.load_file(str(folder / "stock.safetensors"))
-    ours = safetensors.torch.load_file(str(folder / "dit_memory.safetensors"))
-    assert sorted(stock) == sorted(ours) == ["stream0", "stream1"]  # video and audio latents
-    for key in stock:
-        assert torch.isfinite(stock[key]).all()
-        assert torch.equal(stock[key], ours[key]), key
+    assert_latents_equal_stock(comfy["base"], ("dit_memory",))
     report = entry["outputs"]["2"]["text"][0]
     assert "2 head groups, 3 FFN row chunks" in report and "mode fixed" in report
     log = comfy["log"].read_text()

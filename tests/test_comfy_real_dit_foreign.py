@@ -13,8 +13,14 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
-from comfy_harness.server import HARNESS, comfyui_server, prepare_base, submit, write_tiny_dit_checkpoint
+from comfy_harness.server import (
+    HARNESS,
+    assert_latents_equal_stock,
+    comfyui_server,
+    prepare_base,
+    submit,
+    write_tiny_dit_checkpoint,
+)
 from comfy_harness.vendored import real_comfyui_marks
 
 pytestmark = real_comfyui_marks()
@@ -55,17 +61,9 @@ def _workflow() -> dict:
 
 
 def test_both_orders_equal_stock_and_say_whose_code_ran(comfy):
-    import safetensors.torch
-
     entry = submit(comfy, _workflow(), client_id="h3-dit-foreign-test")
     assert entry["status"]["status_str"] == "success", json.dumps(entry["status"])[:4000]
-    folder = comfy["base"] / "output" / "tensors"
-    stock = safetensors.torch.load_file(str(folder / "stock.safetensors"))
-    for name in ("foreign_first", "director_first"):
-        ours = safetensors.torch.load_file(str(folder / f"{name}.safetensors"))
-        assert sorted(ours) == sorted(stock) == ["stream0", "stream1"]
-        for key in stock:
-            assert torch.equal(stock[key], ours[key]), (name, key)
+    assert_latents_equal_stock(comfy["base"], ("foreign_first", "director_first"))
     found_at_install = entry["outputs"]["d1"]["text"][0]
     assert "other packs' patches" in found_at_install and PACK in found_at_install and "mlp.forward" in found_at_install
     assert PACK not in entry["outputs"]["d2"]["text"][0]              # installed first: nothing to find yet
