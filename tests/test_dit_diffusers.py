@@ -455,6 +455,11 @@ def test_head_groups_are_verified_on_the_layout_the_model_projects_with(tmp_path
                             linear=_fused_width_noise(3 * widths.inner))
     assert QKV_COLUMN_GROUPS in report.failed and QKV_SEPARATE_COLUMN_GROUPS in report.verified
     assert qkv_layout(separate) == "separate" and qkv_layout(fused) == "fused"
+    mixed = tiny_transformer(torch.float32)
+    mixed.transformer_blocks[1].attn.fuse_projections()
+    with pytest.raises(InvalidInputError, match=r"transformer_blocks \[1\] project q, k, v fused"):
+        apply_memory_plan(mixed, head_chunks=2)
+    assert all(type(b.attn.processor) is MiniMaxH3AttnProcessor for b in mixed.transformer_blocks)  # untouched
     assert QKV_COLUMN_GROUPS in verified_kernel_properties(torch.device("cpu"), torch.float32, separate.config,
                                                            rows=ROWS, layout="separate")
     assert QKV_COLUMN_GROUPS not in verified_kernel_properties(torch.device("cpu"), torch.float32, separate.config,

@@ -402,10 +402,17 @@ def _widths(config: Any | None) -> KernelWidths | None:
 
 def qkv_layout(transformer: MiniMaxH3Transformer3DModel) -> str:
     """How `transformer` projects q, k and v now (`h3director.dit.tiers.QKV_LAYOUTS`): "fused" after
-    `fuse_qkv_projections()` (every block's `to_qkv`), "separate" otherwise (`to_q`, `to_k`, `to_v`; also when only
-    some blocks were fused by hand: then the separate GEMMs are what runs in at least one block)."""
-    fused = {bool(getattr(block.attn, "fused_projections", False)) for block in transformer.transformer_blocks}
-    return "fused" if fused == {True} else "separate"
+    `fuse_qkv_projections()` (every block's `to_qkv`), "separate" when no block is fused (`to_q`, `to_k`, `to_v`).
+    Some blocks fused by hand and others not: `InvalidInputError` (one model, one verification to read)."""
+    fused = [i for i, block in enumerate(transformer.transformer_blocks)
+             if getattr(block.attn, "fused_projections", False)]
+    if not fused:
+        return "separate"
+    if len(fused) == len(transformer.transformer_blocks):
+        return "fused"
+    raise InvalidInputError(f"transformer_blocks {fused} project q, k, v fused and the others separately; the DiT "
+                            "memory plan reads one kernel verification per model: call "
+                            "transformer.fuse_qkv_projections() (every block) or fuse none")
 
 
 def verified_kernel_properties(device: torch.device, dtype: torch.dtype, config: Any | None = None,
@@ -492,6 +499,7 @@ def apply_memory_plan(transformer: MiniMaxH3Transformer3DModel, head_chunks: int
                            blocks=len(transformer.transformer_blocks), budget_bytes=budget_bytes, capacity=capacity,
                            widths=_widths(config))
     _check_blocks(transformer, handle.floor)
+    qkv_layout(transformer)
     if capacity is None and (mode != "fixed" or budget_bytes is not None):
         handle.capacity, handle.own_capacity = default_capacity(transformer, budget_bytes), True
     handle.qkv_layout = lambda: qkv_layout(transformer)
