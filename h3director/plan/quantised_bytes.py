@@ -62,15 +62,15 @@ EMULATED = "emulated"
 _INT8 = LinearCall(input_copy=1, cpu_accumulator=True)
 _ROTATED_INT8 = LinearCall(input_copy=1, input_float_copy=True, cpu_accumulator=True)
 CALLS: dict[tuple[str, str], LinearCall] = {
-    ("TensorWiseINT8Layout", "native"): _INT8,
-    ("TensorWiseINT8Layout+convrot", "native"): _ROTATED_INT8,
-    ("TensorCoreConvRotW4A4Layout", "native"): _ROTATED_INT8,
-    ("AsymW4A8Int8Layout", "native"): LinearCall(input_copy=1, input_float_copy=True, cpu_accumulator=True,
-                                                 weight_bytes=1),
-    ("TensorCoreFP8E4M3Layout", "native"): LinearCall(input_copy=1),
-    ("TensorCoreFP8E5M2Layout", "native"): LinearCall(input_copy=1),
-    ("TensorCoreNVFP4Layout", "native"): LinearCall(input_copy=0.5 + 1 / 16, dynamic_tensor_scale=True),
-    ("TensorCoreMXFP8Layout", "native"): LinearCall(input_copy=1 + 1 / 32),
+    ("TensorWiseINT8Layout", NATIVE): _INT8,
+    ("TensorWiseINT8Layout+convrot", NATIVE): _ROTATED_INT8,
+    ("TensorCoreConvRotW4A4Layout", NATIVE): _ROTATED_INT8,
+    ("AsymW4A8Int8Layout", NATIVE): LinearCall(input_copy=1, input_float_copy=True, cpu_accumulator=True,
+                                                weight_bytes=1),
+    ("TensorCoreFP8E4M3Layout", NATIVE): LinearCall(input_copy=1),
+    ("TensorCoreFP8E5M2Layout", NATIVE): LinearCall(input_copy=1),
+    ("TensorCoreNVFP4Layout", NATIVE): LinearCall(input_copy=0.5 + 1 / 16, dynamic_tensor_scale=True),
+    ("TensorCoreMXFP8Layout", NATIVE): LinearCall(input_copy=1 + 1 / 32),
 }
 
 
