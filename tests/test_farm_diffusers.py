@@ -153,12 +153,25 @@ def test_without_comfyui_a_file_with_workflow_jobs_is_refused_naming_the_lines(t
     assert "--comfyui (or H3_FARM_COMFYUI) must name" in done.stderr and "workflow jobs (lines 2)" in done.stderr
 
 
-def test_the_pipeline_host_decodes_as_its_memory_level_asks(folder, tmp_path):
+def test_the_pipeline_host_decodes_as_its_memory_level_asks(folder, tmp_path, monkeypatch):
     """Level 0 is the VAE's own whole-video decode (no streaming, no pool), as for the CLI and the node; level 2
-    streams with collections between clips; the MP4s are the same bytes."""
+    streams with collections between clips; the MP4s are the same bytes. Each run samples its own latents: they are
+    compared first, so a difference says whether sampling or decoding differed (one full-suite run on 2026-12-02 had
+    the MP4s differ; this run's latents were not kept then)."""
+    import torch
+
     from h3director.core.config import validate_config
     from h3director.farm.diffusers_job import PipelineHost, request
 
+    sampled = []
+    sample = PipelineHost._latents
+
+    def keep_latents(self, spec, job):
+        out = sample(self, spec, job)
+        sampled.append(out.detach().clone())
+        return out
+
+    monkeypatch.setattr(PipelineHost, "_latents", keep_latents)
     (job,), _ = parse_jobs(_line(), folder)
     files = {}
     for level, path in [(0, "reference"), (2, "streaming")]:
@@ -169,4 +182,6 @@ def test_the_pipeline_host_decodes_as_its_memory_level_asks(folder, tmp_path):
         assert result["status"] == "done", result["error"]
         assert host.last_decode.path == path and bool(points) == (level > 0)
         files[level] = result["files"][f"l{level}.mp4"]
+    assert len(sampled) == 2 and torch.equal(sampled[0], sampled[1]), (
+        f"the two runs sampled different latents (max abs diff {(sampled[0] - sampled[1]).abs().max().item()})")
     assert files[0] == files[2]
